@@ -1,0 +1,112 @@
+"""One Llama-style transformer, two sizes: a tiny random one for the lessons, SmolLM2-135M for the capstone.
+
+The forward pass is the whole model: RMSNorm, attention over a cache with GQA and RoPE
+(kvlesson.step), a residual, RMSNorm, a SwiGLU feed-forward, a residual; repeated per layer.
+Weights are a dict keyed by the GGUF tensor names (blk.0.attn_q.weight, ...), each matrix
+stored [in, out] so every projection is x @ W.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvlesson.cache import KVCache, StaticKVCache
+from kvlesson.layer import step
+
+
+@dataclass(frozen=True)
+class Config:
+    D: int  # model width
+    n_layers: int  # transformer blocks
+    H: int  # query heads
+    Hkv: int  # KV heads
+    d: int  # head dim
+    hidden: int  # SwiGLU inner width
+    vocab: int  # vocabulary size
+    rope_base: float = 10000.0  # RoPE base frequency
+    rope_interleaved: bool = False  # pairs (2m, 2m+1) as in GGUF, or (m, m + d/2) as in Hugging Face
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    max_len: int = 2048  # positions a StaticKVCache preallocates
+
+
+def rms_norm(x, w, eps):
+    """[T, D], [D] -> [T, D]: scale each row to unit root-mean-square, then by w."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def new_cache(cfg, dtype=np.float32, static=True):
+    """One cache per layer. The model's position lives in the caches: len(caches[0])."""
+    if static:
+        return [StaticKVCache(cfg.Hkv, cfg.d, cfg.max_len, dtype) for _ in range(cfg.n_layers)]
+    return [KVCache(cfg.Hkv, cfg.d, dtype) for _ in range(cfg.n_layers)]
+
+
+def forward(cfg, w, ids, caches):
+    """[T] token ids -> [T, vocab] logits, appending the T new tokens to `caches` (one per layer)."""
+    x = w["token_embd.weight"][np.asarray(ids, dtype=np.int64)]  # [T, D]
+    for i, cache in enumerate(caches):
+        b = f"blk.{i}."
+        h = rms_norm(x, w[b + "attn_norm.weight"], cfg.norm_eps)
+        a = step(h, w[b + "attn_q.weight"], w[b + "attn_k.weight"], w[b + "attn_v.weight"], cache,
+                 cfg.H, cfg.Hkv, rope_base=cfg.rope_base, interleaved=cfg.rope_interleaved)  # [T, H*d]
+        x = x + a @ w[b + "attn_output.weight"]
+        h = rms_norm(x, w[b + "ffn_norm.weight"], cfg.norm_eps)
+        x = x + (silu(h @ w[b + "ffn_gate.weight"]) * (h @ w[b + "ffn_up.weight"])) @ w[b + "ffn_down.weight"]
+    x = rms_norm(x, w["output_norm.weight"], cfg.norm_eps)
+    return x @ w["output.weight"]  # [T, vocab]; tied models share token_embd, transposed
+
+
+def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32):
+    """Greedy decoding. Returns the new token ids only.
+
+    With the cache, the prompt is prefilled once and each step feeds one token.
+    Without it, each step re-runs the whole sequence through fresh caches (recompute).
+    """
+    ids = [int(i) for i in ids]
+    out = []
+    caches = new_cache(cfg, dtype)
+    logits = forward(cfg, w, ids, caches)  # prefill
+    for _ in range(max_new_tokens):
+        nxt = int(np.argmax(logits[-1]))
+        out.append(nxt)
+        if len(out) == max_new_tokens:
+            break
+        if use_cache:
+            logits = forward(cfg, w, [nxt], caches)
+        else:
+            logits = forward(cfg, w, ids + out, new_cache(cfg, dtype))
+    return out
+
+
+def tiny_config(**overrides):
+    """A small model for the lessons: same architecture, a few layers, a toy vocabulary."""
+    base = dict(D=64, n_layers=4, H=4, Hkv=2, d=16, hidden=172, vocab=256, max_len=1024)
+    return Config(**{**base, **overrides})
+
+
+def random_weights(cfg, seed=0, dtype=np.float32):
+    """Seeded random weights under the GGUF names, scaled so activations stay near unit size."""
+    rng = np.random.default_rng(seed)
+
+    def mat(n_in, n_out):
+        return (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(dtype)
+
+    w = {"token_embd.weight": rng.standard_normal((cfg.vocab, cfg.D)).astype(dtype),
+         "output_norm.weight": np.ones(cfg.D, dtype)}
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        w[b + "attn_norm.weight"] = np.ones(cfg.D, dtype)
+        w[b + "ffn_norm.weight"] = np.ones(cfg.D, dtype)
+        w[b + "attn_q.weight"] = mat(cfg.D, cfg.H * cfg.d)
+        w[b + "attn_k.weight"] = mat(cfg.D, cfg.Hkv * cfg.d)
+        w[b + "attn_v.weight"] = mat(cfg.D, cfg.Hkv * cfg.d)
+        w[b + "attn_output.weight"] = mat(cfg.H * cfg.d, cfg.D)
+        w[b + "ffn_gate.weight"] = mat(cfg.D, cfg.hidden)
+        w[b + "ffn_up.weight"] = mat(cfg.D, cfg.hidden)
+        w[b + "ffn_down.weight"] = mat(cfg.hidden, cfg.D)
+    # untied here: a tied random model mostly echoes its last token, which would hide cache bugs
+    w["output.weight"] = mat(cfg.D, cfg.vocab) * 4
+    return w
