@@ -27,6 +27,10 @@ def call(fn, *args, **kwargs):
     """Run the learner's function; a crash becomes a failed Verdict instead of a traceback wall."""
     try:
         return fn(*args, **kwargs), None
+    except NotImplementedError:  # a student copy, not yet filled in
+        return None, failed("your code still raises NotImplementedError",
+                            "replace the `raise NotImplementedError(...)` line with your code, "
+                            "run that cell, then this one")
     except Exception as e:  # the learner's code may raise anything
         return None, failed(f"your function raised {type(e).__name__}: {e}", "run it on the case above to see where")
 
