@@ -1,0 +1,108 @@
+"""A KV-cache calculator: model, context, batch, cache dtype and accelerator in; bytes, share and floor out.
+
+`price` is the pure function (tested); `price_table` tabulates it; `calculator()` is the thin ipywidgets
+wrapper, imported lazily so kvlesson works without ipywidgets. Weights default to bf16; int4 stands in for
+4-bit checkpoints (gpt-oss-120b ships its expert weights in MXFP4, about 4.25 bits each, so int4 is a slight
+underestimate there, and scales and zero points of any 4-bit format are not counted).
+"""
+from dataclasses import dataclass
+
+from kvlesson.configs import ACCELERATORS, MODELS
+from kvlesson.memory import decode_floor, iec, kv_bytes, si, weight_bytes
+
+CACHE_DTYPES = ("fp32", "bf16", "fp8", "int4")
+WEIGHT_DTYPES = ("bf16", "fp8", "int4")
+
+
+@dataclass(frozen=True)
+class Price:
+    model: str
+    accelerator: str
+    context: int
+    batch: int
+    cache_dtype: str
+    weight_dtype: str
+    kv_bytes: int  # the whole batch's cache
+    weight_bytes: int  # all the weights
+    memory: float  # the accelerator's, bytes
+    kv_share: float  # kv_bytes / memory
+    total_share: float  # (weights + KV) / memory
+    floor_s: float  # decode floor, seconds per step
+
+    @property
+    def fits(self):
+        return self.total_share <= 1
+
+    @property
+    def tokens_per_s(self):
+        """Upper bound on tokens per second per sequence: one token per step, at the floor."""
+        return 1 / self.floor_s
+
+    def __str__(self):
+        verdict = "fits" if self.fits else "does NOT fit"
+        return "\n".join([
+            f"{self.model}, {self.context:,} tokens x batch {self.batch}, cache in {self.cache_dtype}, "
+            f"on {self.accelerator}",
+            f"  KV cache      {iec(self.kv_bytes)} = {self.kv_share:.2%} of {si(self.memory)}",
+            f"  + weights     {si(self.weight_bytes)} ({self.weight_dtype}): "
+            f"{self.total_share:.1%} of memory, {verdict}",
+            f"  decode floor  {self.floor_s * 1e3:.2f} ms per step, at most {self.tokens_per_s:,.0f} tokens/s "
+            f"per sequence ({self.batch * self.tokens_per_s:,.0f} for the batch)",
+        ])
+
+
+def price(model, context, batch=1, cache_dtype="bf16", accelerator="H100 SXM", weight_dtype="bf16"):
+    """Price `batch` sequences of `context` tokens. model and accelerator: keys of MODELS / ACCELERATORS or specs."""
+    spec = _lookup(MODELS, model, "model")
+    accel = _lookup(ACCELERATORS, accelerator, "accelerator")
+    if cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"cache_dtype must be one of {CACHE_DTYPES}; got {cache_dtype!r}")
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}; got {weight_dtype!r}")
+    kv = kv_bytes(spec, context, batch, cache_dtype)
+    weights = weight_bytes(spec, weight_dtype)
+    return Price(spec.name, accel.name, context, batch, cache_dtype, weight_dtype, kv, weights, accel.memory,
+                 kv / accel.memory, (kv + weights) / accel.memory,
+                 decode_floor(spec, accel, context, batch, kv_dtype=cache_dtype, weight_dtype=weight_dtype))
+
+
+def price_table(model, contexts, cache_dtypes=CACHE_DTYPES, batch=1, accelerator="H100 SXM", weight_dtype="bf16"):
+    """A text table from `price`: one row per context, KV bytes and decode floor per cache dtype."""
+    head = f"{'context':>9} | " + " | ".join(f"{t:>22}" for t in cache_dtypes)
+    lines = [f"{_lookup(MODELS, model, 'model').name}, batch {batch}, weights in {weight_dtype}, on "
+             f"{_lookup(ACCELERATORS, accelerator, 'accelerator').name}: KV cache and decode floor per cache dtype",
+             head, "-" * len(head)]
+    for n in contexts:
+        cells = []
+        for t in cache_dtypes:
+            p = price(model, n, batch, t, accelerator, weight_dtype)
+            mark = "" if p.fits else "!"
+            cells.append(f"{iec(p.kv_bytes) + mark:>11} {p.floor_s * 1e3:>7.2f} ms")
+        lines.append(f"{n:>9,} | " + " | ".join(f"{c:>22}" for c in cells))
+    lines.append("(! = weights + cache exceed the accelerator's memory)")
+    return "\n".join(lines)
+
+
+def calculator():
+    """Dropdowns and sliders over `price`; prints its report. Needs ipywidgets."""
+    import ipywidgets as widgets
+
+    contexts = [2 ** i for i in range(8, 18)]  # 256 .. 131,072
+    return widgets.interactive(
+        lambda model, context, batch, cache_dtype, accelerator, weights: print(
+            price(model, context, batch, cache_dtype, accelerator, weights)),
+        model=widgets.Dropdown(options=list(MODELS), value="Llama 3.1 8B", description="model"),
+        context=widgets.SelectionSlider(options=contexts, value=8192, description="context"),
+        batch=widgets.SelectionSlider(options=[2 ** i for i in range(9)], value=1, description="batch"),
+        cache_dtype=widgets.ToggleButtons(options=list(CACHE_DTYPES), value="bf16", description="cache"),
+        accelerator=widgets.Dropdown(options=list(ACCELERATORS), value="H100 SXM", description="accelerator"),
+        weights=widgets.ToggleButtons(options=list(WEIGHT_DTYPES), value="bf16", description="weights"),
+    )
+
+
+def _lookup(table, key, what):
+    if isinstance(key, str):
+        if key not in table:
+            raise ValueError(f"unknown {what} {key!r}; choose one of {list(table)}")
+        return table[key]
+    return key

@@ -1,0 +1,188 @@
+"""The price of the cache: the card's figures exactly, the window convention, the decode floor, bad input."""
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlesson import KVCache, StaticKVCache, WindowKVCache
+from kvlesson.configs import ACCELERATORS, MODELS, Accelerator, ModelSpec
+from kvlesson.memory import (
+    BYTES,
+    decode_floor,
+    element_bytes,
+    iec,
+    kv_bytes,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    matmul_intensity,
+    si,
+    weight_bytes,
+)
+
+LLAMA = MODELS["Llama 3.1 8B"]
+H100 = ACCELERATORS["H100 SXM"]
+
+
+# ------------------------------------------------------------------------------------------ the card
+
+def test_card_bytes_per_token_is_128_kib():
+    assert kv_bytes_per_token(LLAMA, "bf16") == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert iec(kv_bytes_per_token(LLAMA)) == "128 KiB"
+
+
+def test_card_one_sequence_at_8192_tokens_is_1_gib():
+    assert kv_bytes_per_sequence(LLAMA, 8192) == 2 ** 30
+    assert iec(kv_bytes(LLAMA, 8192)) == "1 GiB"
+
+
+def test_card_decode_floor_on_h100_is_4_95_ms():
+    w, kv = weight_bytes(LLAMA), kv_bytes(LLAMA, 4096)
+    assert w == 8_030_261_248 * 2 == 16_060_522_496
+    assert kv == 131_072 * 4096 == 536_870_912
+    assert (si(w), si(kv, "GB"), si(H100.bandwidth, "TB")) == ("16.06 GB", "0.54 GB", "3.35 TB")
+    floor = decode_floor(LLAMA, H100, 4096)
+    assert floor == (w + kv) / 3.35e12
+    assert f"{floor * 1e3:.2f} ms" == "4.95 ms"
+
+
+def test_card_rounding_the_printed_terms_would_give_4_96():
+    """The card's 4.95 ms comes from unrounded bytes: its rounded terms, 16.06 + 0.54, would give 4.96 ms."""
+    assert f"{(16.06e9 + 0.54e9) / 3.35e12 * 1e3:.2f}" == "4.96"
+    assert f"{(8.03e9 * 2 + 131_072 * 4096) / 3.35e12 * 1e3:.2f}" == "4.95"  # the card's 8.03e9, unrounded KV
+
+
+def test_parameter_counts_agree_with_the_published_figures():
+    published = {"Llama 3.1 8B": 8.03e9, "Llama 3.1 70B": 70.6e9, "Llama 3.1 405B": 406e9, "Llama 2 7B": 6.74e9,
+                 "Mistral 7B v0.1": 7.24e9, "Qwen2.5-7B": 7.61e9, "SmolLM2-135M": 135e6}
+    for name, figure in published.items():
+        assert abs(MODELS[name].params - figure) <= 0.01 * figure, name
+    assert MODELS["SmolLM2-135M"].params == 134_515_008  # summed by hand from config.json shapes
+
+
+# -------------------------------------------------------------------------------------- the tables
+
+def test_lesson_07_fields_of_gpt_oss():
+    g = MODELS["gpt-oss-120b"]
+    assert (g.n_layers, g.H, g.Hkv, g.d, g.window, g.window_layers) == (36, 64, 8, 64, 128, 18)
+
+
+def test_every_entry_is_consistent_and_sourced():
+    for key, m in MODELS.items():
+        assert m.name == key and m.source and m.H % m.Hkv == 0 and 0 <= m.window_layers <= m.n_layers
+        assert kv_bytes_per_token(m) > 0
+    for key, a in ACCELERATORS.items():
+        assert a.name == key and a.source and a.memory > 0 and a.bandwidth > 0
+    assert (H100.memory, H100.bandwidth) == (80e9, 3.35e12)
+    assert ACCELERATORS["RTX 4090"].bandwidth == 1008e9
+
+
+# ------------------------------------------------------------------------------------ the formulas
+
+def test_gqa_saves_exactly_h_over_hkv():
+    mha = dataclasses.replace(LLAMA, Hkv=LLAMA.H)
+    assert kv_bytes_per_token(mha) == 4 * kv_bytes_per_token(LLAMA) == 512 * 1024
+    assert kv_bytes_per_token(MODELS["Llama 2 7B"]) == kv_bytes_per_token(mha)  # Llama 2 7B was plain MHA
+
+
+def test_cache_dtypes_scale_the_bytes():
+    base = kv_bytes_per_token(LLAMA, "bf16")
+    got = {t: kv_bytes_per_token(LLAMA, t) for t in ("fp32", "bf16", "fp16", "fp8", "int4")}
+    assert got == {"fp32": 2 * base, "bf16": base, "fp16": base, "fp8": base // 2, "int4": base // 4}
+    assert all(type(v) is int for v in got.values())
+    assert kv_bytes_per_token(LLAMA, 2) == base  # a number of bytes works too
+
+
+def test_window_layers_stop_growing_at_the_window():
+    g = MODELS["gpt-oss-120b"]
+    per_layer_token = 2 * 8 * 64 * 2
+    assert kv_bytes_per_sequence(g, 100) == 36 * 100 * per_layer_token  # inside the window: every layer grows
+    assert kv_bytes_per_sequence(g, 128) == kv_bytes_per_token(g) * 128
+    assert kv_bytes_per_sequence(g, 1000) == (18 * 1000 + 18 * 128) * per_layer_token
+    mistral = MODELS["Mistral 7B v0.1"]
+    assert kv_bytes_per_sequence(mistral, 32768) == kv_bytes_per_sequence(mistral, 4096) == 512 * 2 ** 20
+
+
+@given(st.integers(0, 300_000), st.sampled_from(sorted(MODELS)))
+def test_sequence_bytes_grow_no_faster_than_per_token(context, name):
+    m = MODELS[name]
+    here, more = kv_bytes_per_sequence(m, context), kv_bytes_per_sequence(m, context + 1)
+    assert here <= more <= here + kv_bytes_per_token(m)
+    assert here <= kv_bytes_per_token(m) * context
+    if not m.window_layers or context <= m.window:
+        assert here == kv_bytes_per_token(m) * context
+
+
+def test_batch_multiplies_the_cache_not_the_weights():
+    assert kv_bytes(LLAMA, 4096, batch=8) == 8 * kv_bytes(LLAMA, 4096)
+    one, eight = decode_floor(LLAMA, H100, 4096, 1), decode_floor(LLAMA, H100, 4096, 8)
+    assert eight * H100.bandwidth == pytest.approx(weight_bytes(LLAMA) + 8 * kv_bytes(LLAMA, 4096))
+    assert eight < 8 * one
+
+
+def test_a_mixture_of_experts_reads_its_active_weights():
+    g = MODELS["gpt-oss-120b"]
+    assert weight_bytes(g) == 233_600_000_000 and weight_bytes(g, active=True) == 10_200_000_000
+    assert weight_bytes(LLAMA, active=True) == weight_bytes(LLAMA)  # dense: all weights are active
+    assert decode_floor(g, H100, 0) == 10.2e9 / 3.35e12
+
+
+def test_matvec_is_about_one_flop_per_byte_in_bf16():
+    n_out, n_in = 14336, 4096
+    assert matmul_intensity(n_out, n_in) == 2 * n_out * n_in / (2 * (n_out * n_in + n_in + n_out))
+    assert 0.99 < matmul_intensity(n_out, n_in) < 1
+    assert 0.95 * 64 < matmul_intensity(n_out, n_in, batch=64) < 64  # activations start to count
+    assert matmul_intensity(n_out, n_in, dtype="fp32") == pytest.approx(matmul_intensity(n_out, n_in) / 2)
+
+
+def test_the_formula_matches_kvlesson_caches():
+    """nbytes of real caches, one layer, 2-byte elements: the formula's per-layer share, token for token."""
+    Hkv, d, T, W = 8, 128, 10, 4
+    one_layer = kv_bytes_per_token(ModelSpec("one layer", 1, 32, Hkv, d, 1.0), 2)
+    k = np.zeros((Hkv, T, d), np.float16)
+    grow = KVCache(Hkv, d, np.float16)
+    grow.append(k, k)
+    fixed = StaticKVCache(Hkv, d, T, np.float16)
+    window = WindowKVCache(Hkv, d, W, np.float16)
+    window.append(k, k)
+    assert grow.nbytes == fixed.nbytes == one_layer * T == 2 * Hkv * d * 2 * T
+    assert window.nbytes == one_layer * (W - 1)  # at rest it keeps W - 1: one less than the priced W
+
+
+def test_formats():
+    assert [iec(n) for n in (0, 1023, 1536, 2 ** 20, 5 * 2 ** 30 + 2 ** 29)] == ["0 B", "1,023 B", "1.5 KiB",
+                                                                                    "1 MiB", "5.5 GiB"]
+    assert [si(n) for n in (999, 80e9, 233.6e9, 1.008e12)] == ["999 B", "80 GB", "233.6 GB", "1.01 TB"]
+    assert si(5.36870912e8, "GB") == "0.54 GB" and si(3.35e12, "TB", digits=3) == "3.35 TB"
+
+
+# ---------------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: kv_bytes_per_sequence(LLAMA, -1), ["context", "-1"]),
+    (lambda: kv_bytes_per_sequence(LLAMA, 2.5), ["context", "2.5"]),
+    (lambda: kv_bytes(LLAMA, 10, batch=0), ["batch", "0"]),
+    (lambda: kv_bytes(LLAMA, 10, batch=True), ["batch", "True"]),
+    (lambda: kv_bytes_per_token(LLAMA, "bf17"), ["bf17", "fp32"]),
+    (lambda: kv_bytes_per_token(LLAMA, 0), ["positive", "0"]),
+    (lambda: element_bytes(None), ["None"]),
+    (lambda: kv_bytes_per_token(dataclasses.replace(LLAMA, Hkv=5)), ["H=32", "Hkv=5"]),
+    (lambda: kv_bytes_per_token(dataclasses.replace(LLAMA, Hkv=0)), ["Hkv", "0"]),
+    (lambda: kv_bytes_per_token(dataclasses.replace(LLAMA, window_layers=40)), ["window_layers=40", "n_layers=32"]),
+    (lambda: kv_bytes_per_sequence(dataclasses.replace(LLAMA, window_layers=4), 9), ["window=None", "4"]),
+    (lambda: weight_bytes(dataclasses.replace(LLAMA, params=-1)), ["params=-1"]),
+    (lambda: decode_floor(LLAMA, Accelerator("broken", 1e9, 0), 10), ["broken", "bandwidth", "0"]),
+    (lambda: matmul_intensity(0, 4096), ["n_out", "0"]),
+    (lambda: si(-5), ["-5"]),
+    (lambda: si(5, "GiB"), ["GiB"]),
+])
+def test_bad_input_raises_a_value_error_naming_the_values(call, words):
+    with pytest.raises(ValueError) as err:
+        call()
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_bytes_table_lists_the_lesson_dtypes():
+    assert BYTES == {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}
