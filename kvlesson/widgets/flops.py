@@ -1,0 +1,94 @@
+"""Explore what a cache saves in FLOPs: per decode step and in total, for any prompt, length and model.
+
+The pure functions (`step_flops`, `flops_table`, `draw_flops`) are what the tests cover;
+`flops_explorer` only wires them to sliders.
+"""
+import io
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from kvlesson.configs import MODELS
+from kvlesson.flops import cached_flops, flop_ratio, recompute_flops, score_flops_per_key
+
+SCORES = ("left out", "causal pairs", "all t*t pairs")  # how attention scores are counted, see kvlesson.flops
+DENSE = ("Llama 3.1 8B", "SmolLM2-135M")  # dense models: every parameter works on every token, so 2N holds
+
+
+def _terms(model, scores):
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    if scores not in SCORES:
+        raise ValueError(f"scores must be one of {SCORES}; got {scores!r}")
+    spec = MODELS[model]
+    per_key = 0 if scores == "left out" else score_flops_per_key(spec.n_layers, spec.H, spec.d)
+    return int(spec.params), per_key, scores == "all t*t pairs"
+
+
+def step_flops(prompt, generated, model="Llama 3.1 8B", scores="left out"):
+    """int arrays [G], [G]: the FLOPs of decode step k = 1 .. G without and with a cache."""
+    N, per_key, full = _terms(model, scores)
+    recompute = [recompute_flops(N, prompt + k - 1, 1, per_key, full) for k in range(1, generated + 1)]
+    cached = [cached_flops(N, prompt + k - 1, 1, per_key) for k in range(1, generated + 1)]
+    return np.array(recompute, dtype=object), np.array(cached, dtype=object)  # exact ints, beyond int64 too
+
+
+def flops_table(prompt, generated, model="Llama 3.1 8B", scores="left out"):
+    """A text summary: total FLOPs both ways, the ratio and the FLOPs saved."""
+    N, per_key, full = _terms(model, scores)
+    re = recompute_flops(N, prompt, generated, per_key, full)
+    ca = cached_flops(N, prompt, generated, per_key)
+    ratio = f"{flop_ratio(prompt, generated, N, per_key, full):,.1f}x" if generated else "undefined (no steps)"
+    return "\n".join([
+        f"{model}, prompt {prompt:,} + {generated:,} decode steps, attention scores {scores}",
+        f"  recompute  {re:.3e} FLOPs",
+        f"  cached     {ca:.3e} FLOPs",
+        f"  ratio      {ratio}",
+        f"  saved      {re - ca:.3e} FLOPs",
+    ])
+
+
+def draw_flops(prompt, generated, model="Llama 3.1 8B", scores="left out"):
+    """Two panels: FLOPs per decode step, and their running total, with and without a cache. Returns a Figure."""
+    if generated < 1:
+        raise ValueError(f"draw at least one decode step; got generated={generated}")
+    recompute, cached = step_flops(prompt, generated, model, scores)
+    k = np.arange(1, generated + 1)
+    fig = Figure(figsize=(10, 3.4), layout="constrained")
+    per_step, total = fig.subplots(1, 2)
+    panels = [(per_step, (recompute, cached), "FLOPs per decode step", "linear"),
+              (total, (np.cumsum(recompute), np.cumsum(cached)), "FLOPs so far (log scale)", "log")]
+    for ax, (a, b), title, scale in panels:
+        ax.plot(k, a.astype(float), label="recompute")
+        ax.plot(k, b.astype(float), label="cached")
+        ax.set(xlabel="decode step k", title=title, yscale=scale)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    N, per_key, full = _terms(model, scores)
+    fig.suptitle(f"{model}, prompt {prompt:,}: after {generated:,} steps recompute costs "
+                 f"{flop_ratio(prompt, generated, N, per_key, full):,.1f}x the FLOPs (scores {scores})")
+    return fig
+
+
+def show_flops(prompt, generated, model="Llama 3.1 8B", scores="left out"):
+    """What the explorer shows for one setting: the figure as a PNG, then the table."""
+    from IPython.display import Image, display
+
+    png = io.BytesIO()
+    draw_flops(prompt, generated, model, scores).savefig(png, format="png", dpi=80)
+    display(Image(png.getvalue()))
+    print(flops_table(prompt, generated, model, scores))
+
+
+def flops_explorer(prompt=1000, generated=1000, model="Llama 3.1 8B", scores="left out"):
+    """Sliders for the prompt and the generated length, a model and how to count the scores."""
+    import ipywidgets as w
+
+    controls = {
+        "prompt": w.IntSlider(value=prompt, min=0, max=8192, description="prompt"),
+        "generated": w.IntSlider(value=generated, min=1, max=8192, description="generated"),
+        "model": w.Dropdown(options=DENSE, value=model, description="model"),
+        "scores": w.Dropdown(options=SCORES, value=scores, description="scores"),
+    }
+    out = w.interactive_output(show_flops, controls)
+    return w.VBox([w.HBox(list(controls.values())[:2]), w.HBox(list(controls.values())[2:]), out])

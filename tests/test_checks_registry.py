@@ -1,0 +1,19 @@
+"""kvlesson.checks star-imports one module per lesson: a name exported twice would silently shadow a checker."""
+import importlib
+from collections import Counter
+
+import kvlesson.checks
+
+LESSONS = ["attention", "why_cache", "cache", "mask", "gqa", "rope", "window", "real_model"]
+
+
+def test_no_checker_name_is_exported_twice():
+    names = Counter(n for m in LESSONS for n in importlib.import_module(f"kvlesson.checks.{m}").__all__)
+    assert [n for n, c in names.items() if c > 1] == []
+
+
+def test_every_exported_checker_is_reachable_from_kvlesson_checks():
+    for m in LESSONS:
+        module = importlib.import_module(f"kvlesson.checks.{m}")
+        for name in module.__all__:
+            assert getattr(kvlesson.checks, name) is getattr(module, name)
