@@ -3,7 +3,10 @@ import numpy as np
 
 
 class Verdict:
-    """Shows as one friendly message in a notebook; truthy when the answer passed."""
+    """Shows as one friendly message in a notebook; truthy when the answer passed.
+
+    Inside a checker, test a helper's result with `is not None` (not `or`): a failed Verdict is falsy.
+    """
 
     def __init__(self, ok, message):
         self.ok, self.message = ok, message

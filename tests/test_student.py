@@ -1,0 +1,157 @@
+"""`python -m kvlesson.student` strips solutions, keeps everything else and refuses broken markers."""
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from IPython.core.inputtransformer2 import TransformerManager
+
+from kvlesson.checks import check_softmax
+from kvlesson.student import BEGIN, END, main, strip_solutions, student_notebook, write_student_copies
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+EXERCISE = '''import numpy as np
+
+
+def softmax(s):
+    """[..., S] -> [..., S]"""
+    ### BEGIN SOLUTION
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+    ### END SOLUTION'''
+
+
+def lesson(*cells):
+    """A small executed-looking notebook: (kind, source, output text) per cell."""
+    nb = nbformat.v4.new_notebook()
+    for n, (kind, source, text) in enumerate(cells, 1):
+        if kind == "md":
+            nb.cells.append(nbformat.v4.new_markdown_cell(source))
+            continue
+        cell = nbformat.v4.new_code_cell(source, execution_count=n)
+        if text is not None:
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+        nb.cells.append(cell)
+    return nb
+
+
+def test_a_block_becomes_one_raise_at_the_marker_indentation():
+    src, blocks = strip_solutions(EXERCISE)
+    assert blocks == 1
+    assert src.endswith('    """[..., S] -> [..., S]"""\n    raise NotImplementedError("your turn")')
+    assert "np.exp" not in src and "SOLUTION" not in src
+
+
+def test_the_student_function_raises_and_the_checker_says_so():
+    src, _ = strip_solutions(EXERCISE)
+    scope = {}
+    exec(src, scope)
+    with pytest.raises(NotImplementedError, match="your turn"):
+        scope["softmax"](None)
+    assert "still raises NotImplementedError" in repr(check_softmax(scope["softmax"]))
+
+
+def test_two_blocks_and_top_level_code():
+    src, blocks = strip_solutions("a = 1\n### BEGIN SOLUTION\nb = 2\n### END SOLUTION\nif a:\n"
+                                  "    ### BEGIN SOLUTION\n    c = 3\n    ### END SOLUTION\n")
+    assert blocks == 2
+    assert src == ('a = 1\nraise NotImplementedError("your turn")\nif a:\n'
+                   '    raise NotImplementedError("your turn")\n')
+
+
+def test_source_without_markers_is_unchanged():
+    assert strip_solutions("x = 1\n# BEGIN SOLUTION is only a comment here\n") == (
+        "x = 1\n# BEGIN SOLUTION is only a comment here\n", 0)
+
+
+@pytest.mark.parametrize("source, words", [
+    ("### BEGIN SOLUTION\nx = 1\n", "line 1: '### BEGIN SOLUTION' is never closed"),
+    ("x = 1\n### END SOLUTION\n", "line 2: '### END SOLUTION' without"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n", "line 2: a second"),
+])
+def test_unbalanced_markers_are_refused(source, words):
+    with pytest.raises(ValueError, match=words):
+        strip_solutions(source, "01_x.ipynb, cell 3")
+
+
+def test_exercise_and_checker_outputs_are_cleared_the_rest_kept():
+    nb = lesson(("md", "# 1. Title", None), ("code", "x = 1\nprint(x)", "1\n"),
+                ("code", EXERCISE, "defined\n"), ("code", "checks.check_softmax(softmax)", "PASS: ...\n"),
+                ("code", "print(2)", "2\n"))
+    out, blocks = student_notebook(nb)
+    assert blocks == 1
+    assert [c.get("outputs") for c in out.cells[1:]] == [nb.cells[1].outputs, [], [], nb.cells[4].outputs]
+    assert out.cells[2].execution_count is None and out.cells[4].execution_count == 5
+    assert "SOLUTION" in nb.cells[2].source and nb.cells[3].outputs, "the input notebook must not change"
+
+
+def test_a_plain_cell_after_an_exercise_keeps_its_output():
+    nb = lesson(("code", EXERCISE, None), ("code", "print(softmax)", "<function>\n"))
+    assert student_notebook(nb)[0].cells[1].outputs == nb.cells[1].outputs
+
+
+def test_copies_are_written_and_solutions_stay_put(tmp_path):
+    src, dest = tmp_path / "notebooks", tmp_path / "student"
+    src.mkdir()
+    nbformat.write(lesson(("code", EXERCISE, None)), src / "01_a.ipynb")
+    nbformat.write(lesson(("code", "print(1)", "1\n")), src / "02_b.ipynb")
+    written = write_student_copies(src, dest)
+    assert [(p.name, n) for p, n in written] == [("01_a.ipynb", 1), ("02_b.ipynb", 0)]
+    assert "raise NotImplementedError" in nbformat.read(dest / "01_a.ipynb", as_version=4).cells[0].source
+    assert "BEGIN SOLUTION" in nbformat.read(src / "01_a.ipynb", as_version=4).cells[0].source
+
+
+def test_one_broken_notebook_means_nothing_is_written(tmp_path):
+    src, dest = tmp_path / "notebooks", tmp_path / "student"
+    src.mkdir()
+    nbformat.write(lesson(("code", EXERCISE, None)), src / "01_a.ipynb")
+    nbformat.write(lesson(("code", "x = 1", None), ("code", "### BEGIN SOLUTION\nx = 2", None)), src / "02_b.ipynb")
+    with pytest.raises(ValueError, match=r"02_b.ipynb, cell 1, line 1"):
+        write_student_copies(src, dest)
+    assert not dest.exists()
+
+
+def test_refuses_to_overwrite_the_solutions_or_read_nothing(tmp_path):
+    nbformat.write(lesson(("code", EXERCISE, None)), tmp_path / "01_a.ipynb")
+    with pytest.raises(ValueError, match="refusing"):
+        write_student_copies(tmp_path, tmp_path / ".")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no notebooks"):
+        write_student_copies(tmp_path / "empty", tmp_path / "student")
+    with pytest.raises(ValueError, match="not a folder"):
+        write_student_copies(tmp_path / "missing", tmp_path / "student")
+
+
+def test_command_line(tmp_path, capsys):
+    src = tmp_path / "notebooks"
+    src.mkdir()
+    nbformat.write(lesson(("code", EXERCISE, None)), src / "01_a.ipynb")
+    assert main([str(src), str(tmp_path / "student")]) == 0
+    assert "01_a.ipynb: 1 solution block replaced" in capsys.readouterr().out
+    nbformat.write(lesson(("code", "### END SOLUTION", None)), src / "02_b.ipynb")
+    assert main([str(src), str(tmp_path / "again")]) == 1
+    assert "without a '### BEGIN SOLUTION'" in capsys.readouterr().err
+
+
+def test_runs_as_a_module(tmp_path):
+    src = tmp_path / "notebooks"
+    src.mkdir()
+    nbformat.write(lesson(("code", EXERCISE, None)), src / "01_a.ipynb")
+    done = subprocess.run([sys.executable, "-m", "kvlesson.student", str(src), str(tmp_path / "student")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "student" / "01_a.ipynb").exists()
+
+
+@pytest.mark.skipif(not any(NOTEBOOKS.glob("*.ipynb")), reason="no lesson notebooks yet")
+def test_every_lesson_makes_a_student_copy_that_still_parses(tmp_path):
+    """The workshop command works on the real lessons, and each stripped cell is still valid Python."""
+    to_python = TransformerManager().transform_cell  # cells may hold IPython magics
+    for path, _ in write_student_copies(NOTEBOOKS, tmp_path):
+        for n, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type == "code":
+                markers = [line for line in cell.source.split("\n") if line.strip() in (BEGIN, END)]
+                assert not markers, f"{path.name}, cell {n}"
+                compile(to_python(cell.source), f"{path.name}, cell {n}", "exec")
