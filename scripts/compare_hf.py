@@ -1,0 +1,114 @@
+"""Check kvlesson's SmolLM2 against an independent implementation: Hugging Face transformers on PyTorch.
+
+Both read the same verified GGUF file and run in float32 on the CPU. Over a long real text we compare
+the tokenization, the logits at every position (max and mean absolute difference, against the scale of
+the logits) and the argmax at every position; then 40 greedy tokens from a prompt.
+
+    pip install -r requirements.txt -r requirements-reference.txt    # a separate venv is best
+    python scripts/compare_hf.py [--tokens 1024] [--new 40]
+
+transformers converts the GGUF back to its own half-split RoPE layout (it undoes llama.cpp's
+permutation of the Q and K rows), so agreement here also checks our interleaved RoPE.
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from kvlesson import fetch, llama
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens of the long text to score")
+    ap.add_argument("--new", type=int, default=40, help="greedy tokens to generate")
+    ap.add_argument("--chunk", type=int, default=256, help="kvlesson prefills the text in chunks of this size")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:
+        print(f"compare_hf needs the reference extras ({e.name} is missing): "
+              "pip install -r requirements-reference.txt", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+
+    model = llama.load()
+    path, _ = fetch.model_file()
+    print(f"kvlesson   {model}")
+    hf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    import transformers
+
+    print(f"reference  transformers {transformers.__version__}, torch {torch.__version__}, float32, CPU, "
+          f"{torch.get_num_threads()} threads")
+
+    name, text = llama.long_text()
+    ours = model.tokenizer.encode(text)
+    print(f"\ntext       {name}: {len(text):,} characters, {len(ours):,} tokens")
+    same_tokens = _compare_tokenizers(model.tokenizer, hf_tok, text)
+    ids = ours[: args.tokens]
+
+    t0 = time.perf_counter()
+    cache = model.new_cache(capacity=len(ids))
+    ours_logits = np.concatenate([model.forward(ids[i : i + args.chunk], cache)
+                                  for i in range(0, len(ids), args.chunk)])
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        ref = hf(torch.tensor([ids])).logits[0].float().numpy()
+    t_ref = time.perf_counter() - t0
+    diff = np.abs(ours_logits.astype(np.float64) - ref)
+    differ = np.flatnonzero(ours_logits.argmax(-1) != ref.argmax(-1))
+    agree = 1 - len(differ) / len(ids)
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    gaps = ", ".join(f"{top2[i, 1] - top2[i, 0]:.2g}" for i in differ[:5])
+    print(f"\nlogits over {len(ids)} tokens (kvlesson prefilled in chunks of {args.chunk}):")
+    print(f"  max |logit| (scale)        {np.abs(ref).max():.2f}")
+    print(f"  max abs difference         {diff.max():.3g}")
+    print(f"  mean abs difference        {diff.mean():.3g}")
+    print(f"  argmax agreement           {agree:.2%} of {len(ids)} positions")
+    if len(differ):
+        print(f"  where they differ, the reference's top-two logits are this close: {gaps}")
+    print(f"  time (one run, not a benchmark): kvlesson {t_ours:.1f} s, transformers {t_ref:.1f} s")
+
+    prompt = model.tokenizer.encode(model.chat_prompt("Explain in two sentences why the sky is blue."))
+    ours_new = model.generate(prompt, args.new)
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=args.new, min_new_tokens=args.new,
+                          do_sample=False, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    ref_new = out[0, len(prompt):].tolist()
+    same = next((i for i, (a, b) in enumerate(zip(ours_new, ref_new, strict=True)) if a != b), len(ours_new))
+    print(f"\ngreedy {args.new} tokens after a {len(prompt)}-token chat prompt:")
+    print(f"  identical: {ours_new == ref_new} ({same} of {args.new} tokens agree before the first difference)")
+    print(f"  kvlesson:     {model.tokenizer.decode(ours_new)!r}")
+    print(f"  transformers: {model.tokenizer.decode(ref_new)!r}")
+    ok = same_tokens and agree > 0.99 and ours_new == ref_new
+    print("\nAGREE" if ok else "\nDISAGREE")
+    return 0 if ok else 1
+
+
+def _compare_tokenizers(ours, hf_tok, text):
+    """Same ids as transformers' tokenizer for the same file? Digits aside, they must be.
+
+    The file says tokenizer.ggml.pre = "smollm": split off every digit, then GPT-2's pattern (llama.cpp
+    does so, and so does the model's own tokenizer.json). transformers' GGUF converter (5.x) builds a plain
+    ByteLevel pre-tokenizer instead, so around digits the two legitimately differ; without digits they
+    must agree exactly.
+    """
+    a, b = ours.encode(text), hf_tok(text, add_special_tokens=False)["input_ids"]
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if first is None and len(a) == len(b):
+        print("tokenizer  identical ids")
+        return True
+    pieces = [[ours.decode([t]) for t in ids[first:first + 3]] for ids in (a, b)]
+    print(f"tokenizer  ids differ from position {first}: ours {pieces[0]}, transformers {pieces[1]}")
+    plain = "".join(c for c in text if not c.isdigit())
+    same = ours.encode(plain) == hf_tok(plain, add_special_tokens=False)["input_ids"]
+    print(f"           with the digits removed: identical ids {same} (transformers does not split digits)")
+    return same
+
+
+if __name__ == "__main__":
+    sys.exit(main())
