@@ -202,7 +202,7 @@ def test_an_unfilled_student_copy_is_told_to_write_the_code():
 
     for check in (check_softmax, check_attention):
         v = check(todo)
-        assert not v and "replace the line `raise NotImplementedError" in repr(v)
+        assert not v and "replace the `raise NotImplementedError(...)` line" in repr(v)
 
 
 def test_a_missing_return_is_named():

@@ -7,15 +7,6 @@ from kvlesson.rope import apply_rope
 __all__ = ["check_rope", "check_decode_positions", "check_to_interleaved"]
 
 
-def _run(fn, *args, **kwargs):
-    """Run the learner's code; a crash becomes a failed Verdict, a student copy's placeholder a friendly one."""
-    got, bad = call(fn, *args, **kwargs)
-    if bad is not None and "NotImplementedError" in bad.message:
-        bad = failed("your code still raises NotImplementedError",
-                     "replace the line `raise NotImplementedError(...)` with your code, run that cell, then this one")
-    return got, bad
-
-
 def _rope_cases():
     """(description, x, positions, base): toy, decode chunk, T = 1, T = 0, float32 at large positions."""
     rng = np.random.default_rng(6)
@@ -46,7 +37,7 @@ def check_rope(fn):
     """fn(x [..., T, d], positions [T], base) -> [..., T, d], half-split pairs (m, m + d/2), dtype of x."""
     for case, x, positions, base in _rope_cases():
         x_before = x.copy()
-        got, err = _run(fn, x, positions.copy(), base)
+        got, err = call(fn, x, positions.copy(), base)
         if err is not None:
             return err
         want = apply_rope(x, positions, base)
@@ -89,7 +80,7 @@ def _rope_problem(got, want, x, x_before, positions, base, case):
 def check_decode_positions(fn):
     """fn(len_cache, T) -> int [T]: the absolute positions of T new tokens arriving after len_cache cached ones."""
     for len_cache, T in ((0, 6), (5, 1), (5, 3), (12, 0), (1, 4)):
-        got, err = _run(fn, len_cache, T)
+        got, err = call(fn, len_cache, T)
         if err is not None:
             return err
         want = np.arange(len_cache, len_cache + T)
@@ -133,7 +124,7 @@ def check_to_interleaved(fn):
              ("W [5, 3 heads x d=8]", rng.standard_normal((5, 24)), 3),
              ("float32 W [6, 1 head x d=6]", rng.standard_normal((6, 6)).astype(np.float32), 1))
     for case, W, n_heads in cases:
-        got, err = _run(fn, W.copy(), n_heads)
+        got, err = call(fn, W.copy(), n_heads)
         if err is not None:
             return err
         got = np.asarray(got)

@@ -8,15 +8,6 @@ from kvlesson.checks._verdict import call, failed, passed
 __all__ = ["check_window_mask", "check_window_cache"]
 
 
-def _run(fn, *args, **kwargs):
-    """Run the learner's code; a crash becomes a failed Verdict, a student copy's placeholder a friendly one."""
-    got, bad = call(fn, *args, **kwargs)
-    if bad is not None and "NotImplementedError" in bad.message:
-        bad = failed("your code still raises NotImplementedError",
-                     "replace the line `raise NotImplementedError(...)` with your code, run that cell, then this one")
-    return got, bad
-
-
 _MASK_CASES = ((3, 7, 3), (1, 9, 4), (6, 6, 2), (4, 8, 1), (5, 5, 10), (2, 9, 5), (0, 5, 2))
 
 
@@ -24,7 +15,7 @@ def check_window_mask(fn):
     """fn(T, S, window) -> bool [T, S]: query i (at S - T + i) sees key j when S - T + i - window < j <= S - T + i."""
     for T, S, W in _MASK_CASES:
         case = f"T={T}, S={S}, window={W}"
-        got, err = _run(fn, T, S, W)
+        got, err = call(fn, T, S, W)
         if err is not None:
             return err
         if got is None:
@@ -62,7 +53,7 @@ def _suspects(T, S, W):
 
 def _mask_hint(fn):
     """The typical mistake that explains the learner's masks on every case, if there is one."""
-    answers = [_run(fn, T, S, W)[0] for T, S, W in _MASK_CASES]
+    answers = [call(fn, T, S, W)[0] for T, S, W in _MASK_CASES]
     for n, (_, meaning) in enumerate(_suspects(1, 1, 1)):
         wrongs = [list(_suspects(T, S, W))[n][0] for T, S, W in _MASK_CASES]
         if all(a is not None and np.array_equal(np.asarray(a), w) for a, w in zip(answers, wrongs, strict=True)):
@@ -84,14 +75,14 @@ def check_window_cache(cls):
 def _stream(cls, W, chunks, Hkv=2, d=3, dtype=np.float32):
     rng = np.random.default_rng(7)
     ref = WindowKVCache(Hkv, d, W, dtype)
-    cache, err = _run(cls, Hkv, d, W, dtype=dtype)
+    cache, err = call(cls, Hkv, d, W, dtype=dtype)
     if err is not None:
         return err
     seen, grew, memory = 0, [], None  # a memory problem is reported once the answers themselves are right
     for n, T in enumerate(chunks):
         k, v = rng.standard_normal((2, Hkv, T, d)).astype(dtype)  # [Hkv, T, d] each
         want = ref.append(k, v)
-        got, err = _run(cache.append, k.copy(), v.copy())
+        got, err = call(cache.append, k.copy(), v.copy())
         if err is not None:
             return err
         seen += T
@@ -137,7 +128,7 @@ def _block_problem(got, want, name, step, W):
 
 
 def _len_problem(cache, seen, W, step):
-    n, err = _run(len, cache)
+    n, err = call(len, cache)
     if err is not None:
         return err
     if n != seen:
