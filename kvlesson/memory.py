@@ -10,6 +10,8 @@ and GiB (2**30 B); vendors state weights, memory and bandwidth in GB (1e9 B) and
 import math
 from numbers import Integral, Real
 
+from kvlesson.configs import ModelSpec
+
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}  # bytes per element; int4 packs two per byte
 
 
@@ -134,6 +136,8 @@ def _check_count(name, n, low):
 
 
 def _check_spec(spec):
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"need a kvlesson.configs.ModelSpec (see MODELS); got a {type(spec).__name__}")
     for field in ("n_layers", "H", "Hkv", "d"):
         _check_count(f"{spec.name}: {field}", getattr(spec, field), low=1)
     if spec.H % spec.Hkv:

@@ -186,3 +186,9 @@ def test_bad_input_raises_a_value_error_naming_the_values(call, words):
 
 def test_bytes_table_lists_the_lesson_dtypes():
     assert BYTES == {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}
+
+
+def test_a_model_config_is_not_a_spec():
+    from kvlesson.model import tiny_config
+    with pytest.raises(ValueError, match="need a kvlesson.configs.ModelSpec"):
+        kv_bytes_per_token(tiny_config())
