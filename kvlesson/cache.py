@@ -9,19 +9,21 @@ An append that is rejected raises ValueError and leaves the cache exactly as it 
 """
 import numpy as np
 
+from kvlesson import validate
+
 
 class _Cache:
     def __init__(self, Hkv, d, dtype):
-        if Hkv < 1 or d < 1:
-            raise ValueError(f"need Hkv >= 1 and d >= 1, got Hkv={Hkv}, d={d}")
-        self.Hkv, self.d, self.dtype = Hkv, d, np.dtype(dtype)
+        self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
+        self.dtype = _float_dtype(dtype)
         self._seen = 0  # the one place the position advances
 
     def __len__(self):
         return self._seen
 
     def _check(self, k_new, v_new):
-        """Validate before touching any state; return T."""
+        """Validate before touching any state; return (k_new, v_new, T) as arrays."""
+        k_new, v_new = validate.floats("k_new", k_new), validate.floats("v_new", v_new)
         if k_new.shape != v_new.shape:
             raise ValueError(f"k_new and v_new must have the same shape; got {k_new.shape} and {v_new.shape}")
         if k_new.ndim != 3 or k_new.shape[0] != self.Hkv or k_new.shape[2] != self.d:
@@ -32,7 +34,7 @@ class _Cache:
             raise ValueError(
                 f"this cache holds {self.dtype}; got k_new {k_new.dtype}, v_new {v_new.dtype} (cast explicitly)"
             )
-        return k_new.shape[1]
+        return k_new, v_new, k_new.shape[1]
 
 
 class KVCache(_Cache):
@@ -44,7 +46,7 @@ class KVCache(_Cache):
         self.v = np.zeros((Hkv, 0, d), self.dtype)
 
     def append(self, k_new, v_new):
-        T = self._check(k_new, v_new)
+        k_new, v_new, T = self._check(k_new, v_new)
         if T:
             self.k = np.concatenate([self.k, k_new], axis=1)
             self.v = np.concatenate([self.v, v_new], axis=1)
@@ -61,14 +63,12 @@ class StaticKVCache(_Cache):
 
     def __init__(self, Hkv, d, capacity, dtype=np.float64):
         super().__init__(Hkv, d, dtype)
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
-        self.capacity = capacity
+        self.capacity = validate.integer("capacity", capacity)
         self.k = np.zeros((Hkv, capacity, d), self.dtype)  # [Hkv, capacity, d]
         self.v = np.zeros((Hkv, capacity, d), self.dtype)
 
     def append(self, k_new, v_new):
-        T = self._check(k_new, v_new)
+        k_new, v_new, T = self._check(k_new, v_new)
         S = self._seen + T
         if S > self.capacity:
             raise ValueError(
@@ -95,15 +95,13 @@ class WindowKVCache(_Cache):
 
     def __init__(self, Hkv, d, window, dtype=np.float64):
         super().__init__(Hkv, d, dtype)
-        if window < 1:
-            raise ValueError(f"window must be at least 1, got window={window}")
-        self.window = window
+        self.window = validate.integer("window", window, minimum=1)
         self.slots = window - 1
         self.k = np.zeros((Hkv, self.slots, d), self.dtype)  # [Hkv, W - 1, d], ring order
         self.v = np.zeros((Hkv, self.slots, d), self.dtype)
 
     def append(self, k_new, v_new):
-        T = self._check(k_new, v_new)
+        k_new, v_new, T = self._check(k_new, v_new)
         held = min(self._seen, self.slots)
         ring = np.arange(self._seen - held, self._seen) % max(self.slots, 1)  # [held], oldest first
         K = np.concatenate([self.k[:, ring], k_new], axis=1)  # [Hkv, held + T, d]
@@ -120,3 +118,14 @@ class WindowKVCache(_Cache):
     @property
     def nbytes(self):
         return self.k.nbytes + self.v.nbytes
+
+
+def _float_dtype(dtype):
+    """-> a numpy floating dtype; a cache of integers would truncate every key."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a numpy dtype such as np.float32; got dtype={dtype!r}") from None
+    if dt.kind != "f":
+        raise TypeError(f"dtype must be a floating dtype (float16, float32, float64); got dtype={dt}")
+    return dt

@@ -1,6 +1,7 @@
 """One attention layer over a cache: project only the new tokens, rotate, cache, attend."""
 import numpy as np
 
+from kvlesson import validate
 from kvlesson.rope import apply_rope
 from kvlesson.sdpa import attention
 
@@ -9,10 +10,17 @@ def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleav
     """[T, D] new tokens -> [T, H*d]. Works for prefill, chunked prefill and decode alike.
 
     Wq [D, H*d], Wk and Wv [D, Hkv*d]. With rope_base, q and k are rotated at their absolute
-    positions len(cache) + i, before the keys are cached. A WindowKVCache brings its own window.
+    positions len(cache) + i, before the keys are cached. A WindowKVCache brings its own window; a cache
+    with its own visibility rule (a `mask(T)` method, [T, S] bool over the keys it just handed back) brings
+    that instead.
     """
-    d = _check(x, Wq, Wk, Wv, cache, H, Hkv)
+    # every argument is checked before the cache moves: a rejected step leaves it as it was
+    x, Wq, Wk, Wv, H, Hkv, d = _check(x, Wq, Wk, Wv, cache, H, Hkv)
     window = _window(cache, window)
+    if rope_base is not None:
+        rope_base = validate.positive("rope_base", rope_base)
+        if d % 2:
+            raise ValueError(f"RoPE needs an even head dim d; got d={d} (x {x.shape}, Wq {Wq.shape}, H={H})")
     T = x.shape[0]
     q = (x @ Wq).reshape(T, H, d).transpose(1, 0, 2)  # [H, T, d]
     k = (x @ Wk).reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
@@ -22,13 +30,19 @@ def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleav
         q = apply_rope(q, positions, rope_base, interleaved=interleaved)
         k = apply_rope(k, positions, rope_base, interleaved=interleaved)
     K, V = cache.append(k, v)  # [Hkv, S, d]
-    return attention(q, K, V, window=window).transpose(1, 0, 2).reshape(T, H * d)
+    if hasattr(cache, "mask"):  # the cache's own rule already includes any window it has
+        out = attention(q, K, V, mask=cache.mask(T))
+    else:
+        out = attention(q, K, V, window=window)
+    return out.transpose(1, 0, 2).reshape(T, H * d)  # [T, H*d]
 
 
 def _check(x, Wq, Wk, Wv, cache, H, Hkv):
+    x, Wq, Wk, Wv = (validate.floats(n, a) for n, a in (("x", x), ("Wq", Wq), ("Wk", Wk), ("Wv", Wv)))
+    H, Hkv = validate.integer("H", H, minimum=1), validate.integer("Hkv", Hkv, minimum=1)
     if x.ndim != 2:
         raise ValueError(f"x must be [T, D]; got {x.shape}")
-    if H < 1 or Hkv < 1 or H % Hkv:
+    if H % Hkv:
         raise ValueError(f"H={H} query heads must be a positive multiple of Hkv={Hkv} KV heads")
     D = x.shape[1]
     if Wq.ndim != 2 or Wq.shape[0] != D or Wq.shape[1] % H:
@@ -37,14 +51,21 @@ def _check(x, Wq, Wk, Wv, cache, H, Hkv):
     for name, W in (("Wk", Wk), ("Wv", Wv)):
         if W.shape != (D, Hkv * d):
             raise ValueError(f"{name} must be [D, Hkv*d] = ({D}, {Hkv * d}) to match Wq {Wq.shape}; got {W.shape}")
+    if d == 0:
+        raise ValueError(f"the head dim d must be at least 1; got Wq {Wq.shape} with H={H}")
+    if not all(hasattr(cache, a) for a in ("append", "Hkv", "d", "__len__")):
+        raise TypeError(f"cache must be a KV cache (append, len, Hkv, d); got {type(cache).__name__}")
     if (cache.Hkv, cache.d) != (Hkv, d):
         raise ValueError(f"cache holds Hkv={cache.Hkv}, d={cache.d}; this layer has Hkv={Hkv}, d={d}")
-    return d
+    validate.same_dtype(x=x, Wq=Wq, Wk=Wk, Wv=Wv)
+    held = getattr(cache, "dtype", x.dtype)
+    if held != x.dtype:
+        raise ValueError(f"the cache holds {held} but x and the weights are {x.dtype} (cast explicitly)")
+    return x, Wq, Wk, Wv, H, Hkv, d
 
 
 def _window(cache, window):
-    if window is not None and window < 1:
-        raise ValueError(f"window must be at least 1, got window={window}")
+    window = validate.window(window)
     own = getattr(cache, "window", None)
     if own is not None and window is not None and window != own:
         raise ValueError(f"step(window={window}) disagrees with the cache's window={own}")

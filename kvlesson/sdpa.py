@@ -3,6 +3,8 @@ import math
 
 import numpy as np
 
+from kvlesson import validate
+
 
 def causal_mask(T, S, window=None):
     """(T, S) -> bool [T, S]: True where query i may see key j.
@@ -10,10 +12,9 @@ def causal_mask(T, S, window=None):
     Query i sits at absolute position S - T + i, so it sees every key j <= S - T + i.
     A window of W also drops keys W or more positions behind: j > S - T + i - W.
     """
-    if T < 0 or S < 0 or T > S:
+    T, S, window = validate.integer("T", T), validate.integer("S", S), validate.window(window)
+    if T > S:
         raise ValueError(f"need 0 <= T <= S, got T={T}, S={S}")
-    if window is not None and window < 1:
-        raise ValueError(f"window must be at least 1, got window={window}")
     pos_q = np.arange(S - T, S)[:, None]  # [T, 1] absolute positions of the queries
     pos_k = np.arange(S)[None, :]  # [1, S]
     mask = pos_k <= pos_q  # [T, S]
@@ -22,24 +23,32 @@ def causal_mask(T, S, window=None):
     return mask
 
 
-def attention(q, k, v, *, window=None):
+def attention(q, k, v, *, window=None, mask=None):
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], in the dtype of q.
+
+    Query i sits at position S - T + i of the keys it is given, and sees key j when j <= S - T + i
+    (and j > S - T + i - window). A cache whose rule is not a plain window (sinks, say) passes its own
+    bool [T, S] `mask` instead; every row must keep at least one key.
 
     Query head h reads KV head h // G. Rather than copying every KV head G times
     (np.repeat(k, G, axis=0)), the G query heads of a group are stacked into one
     matrix of G*T rows, so a single batched matmul per KV head does the work.
     """
-    _check_shapes(q, k, v, window)
+    q, k, v, window = _checked(q, k, v, window)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
     G = H // Hkv
+    if mask is not None:
+        mask = _checked_mask(mask, T, S, window)
     if T == 0:
         return np.zeros_like(q)
     qg = q.reshape(Hkv, G * T, d)  # heads h = g*G .. g*G+G-1 share KV head g
     s = qg @ k.transpose(0, 2, 1)  # [Hkv, G*T, S]
     s *= 1 / math.sqrt(d)  # a Python float is weak under NumPy 2: float32 stays float32
     s = s.reshape(Hkv, G, T, S)
-    if T > 1 or window is not None:  # one query at S - 1 sees every key anyway
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    elif T > 1 or window is not None:  # one query at S - 1 sees every key anyway
         s = np.where(causal_mask(T, S, window), s, -np.inf)
     # subtract the row max so exp never overflows; every row keeps its own key, so the max is finite
     s -= s.max(axis=-1, keepdims=True)
@@ -49,7 +58,9 @@ def attention(q, k, v, *, window=None):
     return out.reshape(H, T, d)
 
 
-def _check_shapes(q, k, v, window):
+def _checked(q, k, v, window):
+    q, k, v = validate.floats("q", q), validate.floats("k", k), validate.floats("v", v)
+    window = validate.window(window)
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise ValueError(f"need q [H, T, d] and k, v [Hkv, S, d]; got q {q.shape}, k {k.shape}, v {v.shape}")
     if k.shape != v.shape:
@@ -57,11 +68,22 @@ def _check_shapes(q, k, v, window):
     (H, T, d), (Hkv, S, dk) = q.shape, k.shape
     if d != dk:
         raise ValueError(f"head dims differ: q {q.shape} has d={d}, k {k.shape} has d={dk}")
+    if d == 0:
+        raise ValueError(f"the head dim d must be at least 1; got q {q.shape}")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"H={H} query heads must be a multiple of Hkv={Hkv} KV heads (q {q.shape}, k {k.shape})")
     if T > S:
         raise ValueError(f"more queries than keys: T={T} > S={S} (q {q.shape}, k {k.shape})")
-    if window is not None and window < 1:
-        raise ValueError(f"window must be at least 1, got window={window}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    validate.same_dtype(q=q, k=k, v=v)
+    return q, k, v, window
+
+
+def _checked_mask(mask, T, S, window):
+    mask = np.asarray(mask)
+    if window is not None:
+        raise ValueError(f"pass a window or a mask, not both (window={window})")
+    if mask.dtype != bool or mask.shape != (T, S):
+        raise ValueError(f"mask must be bool [T={T}, S={S}]; got {mask.dtype} {mask.shape}")
+    if T and not mask.any(axis=-1).all():
+        raise ValueError("every query must see at least one key; a row of the mask is all False")
+    return mask

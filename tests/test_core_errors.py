@@ -18,7 +18,7 @@ def arr(*shape, dtype=np.float64):
     (arr(4, 6, 4), arr(2, 5, 4), arr(2, 5, 4), {}, "T=6 > S=5"),
     (arr(4, 2, 4), arr(2, 5, 4), arr(2, 5, 4), {"window": 0}, "window=0"),
     (arr(4, 2), arr(2, 5, 4), arr(2, 5, 4), {}, "q (4, 2)"),
-    (arr(4, 2, 4, dtype=np.float32), arr(2, 5, 4), arr(2, 5, 4), {}, "float32, float64, float64"),
+    (arr(4, 2, 4, dtype=np.float32), arr(2, 5, 4), arr(2, 5, 4), {}, "q float32, k float64, v float64"),
 ])
 def test_attention_rejects(q, k, v, kwargs, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -99,7 +99,7 @@ def layer(H=4, Hkv=2, d=4, D=6, T=3):
     (dict(cache=KVCache(1, 4)), "cache holds Hkv=1, d=4; this layer has Hkv=2, d=4"),
     (dict(window=0), "window=0"),
     (dict(cache=WindowKVCache(2, 4, 3), window=5), "step\\(window=5\\) disagrees with the cache's window=3"),
-    (dict(Wq=arr(6, 12), Wk=arr(6, 6), Wv=arr(6, 6), rope_base=10000.0), r"even head dim d; got x \(4, 3, 3\)"),
+    (dict(Wq=arr(6, 12), Wk=arr(6, 6), Wv=arr(6, 6), rope_base=10000.0), r"even head dim d; got d=3"),
 ])
 def test_step_rejects_and_leaves_cache_unchanged(change, words):
     x, Wq, Wk, Wv = layer()

@@ -1,0 +1,73 @@
+"""Argument checks shared by the whole package.
+
+Every public function checks what it was given before it computes anything or changes any state, and a
+bad argument gets an error that names it:
+  - TypeError when the kind of thing is wrong (a float where a count belongs, an integer array where
+    the maths needs floating point, a bool passed as a number);
+  - ValueError when the kind is right but the value is not (a negative size, a NaN base, a ragged list).
+
+Integers go through operator.index, so 3, np.int64(3) and any other true integer pass while 2.5 and "3"
+do not; bool is refused even though Python counts it as an int, because window=True is never meant.
+"""
+import math
+import numbers
+import operator
+
+import numpy as np
+
+__all__ = ["integer", "window", "positive", "floats", "same_dtype"]
+
+
+def integer(name, value, minimum=0):
+    """-> int. TypeError unless `value` is a true integer (not a bool); ValueError below `minimum`."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, not a bool; got {name}={value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer; got {name}={value!r} ({type(value).__name__})") from None
+    if n < minimum:
+        raise ValueError(f"{name} must be at least {minimum}; got {name}={n}")
+    return n
+
+
+def window(value, name="window"):
+    """-> None or an int >= 1: how many positions a query sees, itself included."""
+    return None if value is None else integer(name, value, minimum=1)
+
+
+def positive(name, value):
+    """-> float. A finite real number above zero (a RoPE base, an epsilon); bool refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {name}={value!r} ({type(value).__name__})")
+    x = float(value)
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{name} must be finite and above 0; got {name}={value!r}")
+    return x
+
+
+def floats(name, x):
+    """-> a numpy array of a floating dtype (float16, float32 or float64), not copied when it already is one.
+
+    A list of Python floats becomes float64, as numpy makes it. Integer, bool and complex arrays are refused
+    rather than cast: integers would silently truncate results, and the caller should choose the precision.
+    """
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except (ValueError, TypeError) as e:  # a ragged nested list
+            raise ValueError(f"{name} is not a rectangular array of numbers ({e})") from None
+    if x.dtype.kind != "f":
+        if x.dtype.kind == "O":
+            raise ValueError(f"{name} is not a rectangular array of numbers (numpy made it dtype=object)")
+        raise TypeError(f"{name} must hold floating-point numbers; got dtype {x.dtype}. "
+                        f"Cast it first, e.g. {name}.astype(np.float32)")
+    return x
+
+
+def same_dtype(**arrays):
+    """Raise ValueError unless every named array has one dtype; mixing would upcast silently."""
+    dtypes = {name: a.dtype for name, a in arrays.items()}
+    if len(set(dtypes.values())) > 1:
+        listed = ", ".join(f"{name} {dt}" for name, dt in dtypes.items())
+        raise ValueError(f"need one dtype for all of them; got {listed} (cast explicitly)")
