@@ -1,52 +1,287 @@
-"""What every checker returns: a pass, or what is wrong and a hint at why."""
+"""What every checker returns, and the machinery that makes a checker report instead of raise.
+
+A checker is a plain function wrapped in @checker. Inside it, three helpers do all the guarding:
+
+    @checker
+    def check_softmax(fn):
+        for case, s in cases:
+            got = as_array(run(fn, s.copy(), case=case), case)   # the learner's call and its result, guarded
+            if not np.allclose(got, want):
+                reject(f"for {case} ...", "hint")                 # stop here with a NOT YET
+        return passed("what was checked")
+
+  run(fn, ..., case=)   calls the learner's code; NotImplementedError means a student copy not yet filled
+                        in, any other exception becomes a NOT YET that names the case
+  as_array, as_number   turn whatever came back (a ragged list, a dict, a string, NaN) into numbers, or stop
+                        with a NOT YET that says what came back instead
+  reject(problem, hint) stops the check with a NOT YET
+
+Known slips (the wrong answers learners write most) live in tables of Slip rows: the wrong computation, and
+what to tell a learner whose answer matches it. A slip table only chooses the hint: any answer that
+differs from the reference is rejected, whether or not a slip explains it.
+"""
+import functools
+import math
+import numbers
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
+__all__ = ["Verdict", "Slip", "checker", "run", "reject", "passed", "failed", "as_array", "as_number",
+           "attribute", "first_slip", "reject_slip", "expect_close"]
 
+STUB_PROBLEM = "your code still raises NotImplementedError"
+STUB_HINT = "replace the `raise NotImplementedError(...)` line with your code, run that cell, then this one"
+
+
+@dataclass(frozen=True)
 class Verdict:
-    """Shows as one friendly message in a notebook; truthy when the answer passed.
+    """A pass, or what is wrong and a hint at why. Truthy only when it passed, so `assert check(...)` works."""
 
-    Inside a checker, test a helper's result with `is not None` (not `or`): a failed Verdict is falsy.
-    """
-
-    def __init__(self, ok, message):
-        self.ok, self.message = ok, message
+    ok: bool
+    problem: str = ""  # what is wrong, for the first case that went wrong
+    hint: str = ""  # why that happens, and what to change
+    stub: bool = False  # the exercise is still a student copy's `raise NotImplementedError`
+    summary: str = ""  # on a pass: what was checked
 
     def __bool__(self):
         return self.ok
+
+    @property
+    def message(self):
+        if self.ok:
+            return f"PASS: {self.summary}"
+        return f"NOT YET: {self.problem}" + (f"\nHint: {self.hint}" if self.hint else "")
 
     def __repr__(self):
         return self.message
 
 
-def passed(what):
-    return Verdict(True, f"PASS: {what}")
+def passed(summary):
+    return Verdict(True, summary=summary)
 
 
-def failed(problem, hint=None):
-    return Verdict(False, f"NOT YET: {problem}" + (f"\nHint: {hint}" if hint else ""))
+def failed(problem, hint=""):
+    return Verdict(False, problem=problem, hint=hint)
+
+
+class Reject(Exception):
+    """Raised inside a checker to stop it with a NOT YET; @checker turns it back into its Verdict."""
+
+    def __init__(self, verdict):
+        super().__init__(verdict.problem)
+        self.verdict = verdict
+
+
+def reject(problem, hint=""):
+    raise Reject(failed(problem, hint))
+
+
+def checker(check):
+    """Make `check` total: whatever the learner passed or returned, the answer is a Verdict, never an exception.
+
+    numpy warnings are silenced inside (the verdict reports nan and overflow itself). An exception that
+    escapes the checker's own logic means it met an answer it could not read; that too becomes a NOT YET.
+    Set KVLESSON_CHECKS_RAISE=1 to see such exceptions instead, when working on a checker.
+    """
+
+    @functools.wraps(check)
+    def guarded(*args, **kwargs):
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                verdict = check(*args, **kwargs)
+        except Reject as r:
+            return r.verdict
+        except Exception as e:
+            if os.environ.get("KVLESSON_CHECKS_RAISE"):
+                raise
+            return failed(f"the checker could not make sense of your answer ({type(e).__name__}: {_short(e)})",
+                          "return what the exercise asks for, of the type its docstring gives; run your function "
+                          "on one small case and look at what it returns")
+        if not isinstance(verdict, Verdict):  # a checker that forgot to return: a bug in kvlesson
+            return failed(f"{check.__name__} reached no verdict", "please report this as a kvlesson bug")
+        return verdict
+
+    guarded.is_checker = True
+    return guarded
+
+
+def run(fn, *args, case, crash_hint=None, **kwargs):
+    """Call the learner's `fn(*args, **kwargs)` for `case`; any failure becomes a NOT YET.
+
+    crash_hint(exception) -> str or None may give a more specific hint for a crash it recognises.
+    """
+    if not callable(fn):
+        reject(f"expected your function (or class) itself; got {_describe(fn)}",
+               "pass it by name without calling it: check_x(my_function), not check_x(my_function())")
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise Reject(Verdict(False, problem=STUB_PROBLEM, hint=STUB_HINT, stub=True)) from None
+    except Exception as e:  # the learner's code may raise anything
+        hint = crash_hint(e) if crash_hint is not None else None
+        reject(f"for {case} your code raised {type(e).__name__}: {_short(e)}",
+               hint or "run it on that input yourself to see where")
+
+
+def as_array(x, case, what="your function"):
+    """The learner's result -> a numpy array of numbers (bool, int or float), or a NOT YET saying what it was."""
+    if x is None:
+        reject(f"for {case} {what} returned None", "is the return statement missing?")
+    if isinstance(x, (str, bytes)):
+        reject(f"for {case} {what} returned text ({_describe(x)})", "return the array itself, not its printout")
+    if isinstance(x, (dict, set)) or callable(x):
+        reject(f"for {case} {what} returned {_describe(x)}", "return a numpy array")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a = np.asarray(x)
+    except Exception:
+        a = None
+    if a is None or a.dtype.kind not in "biuf":
+        reject(f"for {case} {what} returned {_describe(x)}, which is not an array of numbers",
+               "a list of lists of different lengths, or one that mixes numbers with other things, has no "
+               "shape; return a numpy array")
+    return a
+
+
+def as_number(x, case, what="your function", integer=False):
+    """The learner's result -> a finite Python float (an int when `integer`), or a NOT YET.
+
+    Text is refused even when it spells a number ("131072"): the exercise asks for the number itself.
+    """
+    if isinstance(x, np.ndarray) and x.size == 1 and x.dtype.kind in "iuf":
+        x = x.reshape(()).item()
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        hint = ("return the number itself; text that spells a number is not one (drop the f-string or str())"
+                if isinstance(x, str) else "return one number (an int or a float)")
+        reject(f"for {case} {what} returned {_describe(x)}; expected a number", hint)
+    value = float(x)
+    if not math.isfinite(value):
+        reject(f"for {case} {what} returned {value}", "nan and inf usually come from 0/0 or an overflow: look "
+                                                       "for a division by a count that is 0")
+    if integer:
+        if value != int(value):
+            reject(f"for {case} {what} returned {value:g}; expected a whole number", "counts of bytes, tokens and "
+                                                                                      "FLOPs are integers")
+        return int(value)
+    return value
+
+
+def attribute(obj, name, case, what="your cache"):
+    """obj.name, guarded: a property that raises, or a method where a value belongs, becomes a NOT YET."""
+    try:
+        value = getattr(obj, name)
+    except NotImplementedError:
+        raise Reject(Verdict(False, problem=STUB_PROBLEM, hint=STUB_HINT, stub=True)) from None
+    except Exception as e:
+        reject(f"for {case} reading {what}.{name} raised {type(e).__name__}: {_short(e)}",
+               f"{name} must work at any time, an empty cache included")
+    if callable(value):
+        reject(f"for {case} {what}.{name} is a method, so {what}.{name} is not a number",
+               f"put @property above `def {name}(self)`, so it reads as a value: cache.{name}, not cache.{name}()")
+    return value
+
+
+@dataclass(frozen=True)
+class Slip:
+    """One well-known wrong answer: what it computes (from the exercise's own inputs) and what to say."""
+
+    name: str  # short, for tests: "no max subtraction"
+    wrong: Any  # callable(*inputs) -> the wrong answer, or None where the slip does not apply to these inputs
+    problem: str  # what is wrong; {case} is filled in
+    hint: str  # why, and what to change
+
+
+def first_slip(got, slips, inputs, same=None):
+    """The first Slip in `slips` whose wrong answer on `inputs` equals `got`; None when none does.
+
+    same(got, wrong) decides equality (default: same shape, allclose with NaN equal to NaN).
+    """
+    same = same or _same
+    for slip in slips:
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                wrong = slip.wrong(*inputs)
+            if wrong is not None and same(got, wrong):
+                return slip
+        except Exception:  # a slip that does not apply to these inputs
+            continue
+    return None
+
+
+def reject_slip(slip, case):
+    reject(slip.problem.format(case=case), slip.hint)
+
+
+def expect_close(got, want, case, rtol=1e-6, atol=1e-8):
+    """Shape, dtype and value checks most checkers share; returns quietly when they agree, else rejects."""
+    got = as_array(got, case)
+    if got.shape != want.shape:
+        reject(f"for {case} the result has shape {got.shape}; expected {want.shape}")
+    if got.dtype != want.dtype:
+        reject(f"for {case} the result is {got.dtype}; expected {want.dtype}",
+               "something upcast or cast the array; keep the input dtype end to end")
+    if not np.isfinite(got).all() and np.isfinite(want).all():
+        reject(f"for {case} the result has nan or inf", "look for exp of a large number, or 0/0")
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        err = np.abs(got.astype(np.float64) - want).max()
+        reject(f"for {case} the values differ from the reference (max abs error {err:.3g})")
+
+
+def _same(got, wrong):
+    got, wrong = np.asarray(got), np.asarray(wrong)
+    if got.shape != wrong.shape or got.dtype.kind not in "biuf" or wrong.dtype.kind not in "biuf":
+        return False
+    return bool(np.allclose(got, wrong, rtol=1e-5, atol=1e-8, equal_nan=True))
+
+
+def _describe(x):
+    """A short, safe description of whatever came back."""
+    if isinstance(x, str):
+        return f"the string {x[:40]!r}" + ("..." if len(x) > 40 else "")
+    if isinstance(x, np.ndarray):
+        return f"an array of shape {x.shape}, dtype {x.dtype}"
+    if isinstance(x, (list, tuple)):
+        return f"a {type(x).__name__} of {len(x)} items"
+    if x is None:
+        return "None"
+    if callable(x) and not isinstance(x, type):
+        return f"a function ({getattr(x, '__name__', type(x).__name__)}) rather than its result"
+    try:
+        text = repr(x)
+    except Exception:
+        text = "?"
+    return f"a {type(x).__name__} ({text[:40]})"
+
+
+def _short(e):
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+# ---- the pre-@checker helpers, kept until every lesson's checkers use run/reject (then deleted)
 
 
 def call(fn, *args, **kwargs):
-    """Run the learner's function; a crash becomes a failed Verdict instead of a traceback wall."""
+    """Legacy: (result, None) or (None, failed Verdict)."""
     try:
         return fn(*args, **kwargs), None
-    except NotImplementedError:  # a student copy, not yet filled in
-        return None, failed("your code still raises NotImplementedError",
-                            "replace the `raise NotImplementedError(...)` line with your code, "
-                            "run that cell, then this one")
-    except Exception as e:  # the learner's code may raise anything
+    except NotImplementedError:
+        return None, Verdict(False, problem=STUB_PROBLEM, hint=STUB_HINT, stub=True)
+    except Exception as e:
         return None, failed(f"your function raised {type(e).__name__}: {e}", "run it on the case above to see where")
 
 
 def compare(got, want, case, rtol=1e-6, atol=1e-8):
-    """Shape, dtype and value checks shared by most checkers; None when they agree."""
-    got = np.asarray(got)
-    if got.shape != want.shape:
-        return failed(f"for {case} the result has shape {got.shape}; expected {want.shape}")
-    if got.dtype != want.dtype:
-        return failed(f"for {case} the result is {got.dtype}; expected {want.dtype}",
-                      "something upcast the array; keep the input dtype end to end")
-    if not np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=False):
-        err = np.nanmax(np.abs(got.astype(np.float64) - want)) if np.isfinite(got).all() else float("nan")
-        return failed(f"for {case} the values differ from the reference (max abs error {err:.3g})")
+    """Legacy: None when they agree, else a failed Verdict."""
+    try:
+        expect_close(got, want, case, rtol, atol)
+    except Reject as r:
+        return r.verdict
     return None
