@@ -10,7 +10,24 @@ One vocabulary of shapes, used everywhere in the package and the notebooks:
     d    head dimension
     D    model width
 
-    q [H, T, d]    k, v [Hkv, S, d]    query i sits at absolute position S - T + i
+    q [H, T, d]    k, v [Hkv, S, d]    query i sits at position S - T + i of the keys it is given
+
+For KVCache and StaticKVCache the keys start at the first token, so S - T + i is also the query's absolute
+position in the text. A WindowKVCache hands back only the keys still in the window: there S is what it
+handed back, and the absolute position is len(cache) - T + i (what RoPE rotates by).
+
+Modules, one idea each:
+    sdpa          causal_mask, attention: the offset mask, GQA by reshaping, a stable softmax
+    cache         KVCache, StaticKVCache, WindowKVCache: one protocol (append, len, nbytes)
+    rope          rotary embeddings at absolute positions, both pairings
+    layer         step: project only the new tokens, rotate, cache, attend
+    model         the Llama-style forward pass (a tiny random model, or SmolLM2's weights)
+    configs       Config (the one configuration type), published models and accelerators
+    memory, flops the price of the cache in bytes, and what it saves in FLOPs
+    llama         SmolLM2-135M from its GGUF file: fetch, gguf_file, tokenizer, layout, f32cache
+    perplexity    the ruler for every change to the cache, over the text in kvlesson.text
+    validate      argument checks shared by everything above
+    checks        the exercises' checkers;  widgets  the lessons' interactive pictures
 """
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache
 from kvlesson.layer import step

@@ -53,23 +53,30 @@ def model_file(path=None, sha256=SHA256):
     target = cache_dir() / FILENAME
     if target.is_file():
         try:
-            return target, verify(target)
+            return target, verify(target, fix="")
         except ModelFileError as e:  # our own copy went bad: drop it and fetch again
-            print(f"{e} Fetching it again.")
+            print(f"kvlesson: {e} Fetching a fresh copy.")
             target.unlink()
-    return target, fetch(target)
+    try:
+        return target, fetch(target)
+    except PermissionError as e:
+        raise ModelFileError(f"cannot write to {e.filename or target.parent} ({e.strerror}). Set KVLESSON_CACHE_DIR "
+                             "to a folder you can write to, or KVLESSON_MODEL to a copy of the file.") from None
 
 
 def verify(path, sha256=SHA256, fix=None):
-    """Raise ModelFileError unless the file at `path` has the expected size and sha256; return the digest."""
-    fix = fix or f"Delete it (rm {path}) and call load() again to fetch a fresh copy."
+    """Raise ModelFileError unless the file at `path` has the expected size and sha256; return the digest.
+
+    The message ends with `fix`, what to do about it (fix="" for none).
+    """
+    fix = f"Delete it (rm {path}) and call load() again to fetch a fresh copy." if fix is None else fix
     size = path.stat().st_size
     if sha256 == SHA256 and size != SIZE:
         what = "truncated" if size < SIZE else "too long"
-        raise ModelFileError(f"{path} is {what}: {size:,} bytes, expected {SIZE:,}. {fix}")
+        raise ModelFileError(f"{path} is {what}: {size:,} bytes, expected {SIZE:,}. {fix}".strip())
     got = sha256_of(path)
     if got != sha256:
-        raise ModelFileError(f"{path} fails its checksum: sha256 {got}, expected {sha256}. {fix}")
+        raise ModelFileError(f"{path} fails its checksum: sha256 {got}, expected {sha256}. {fix}".strip())
     return got
 
 

@@ -3,14 +3,14 @@
 The count follows the usual rule: a forward pass costs about 2N FLOPs per token for N parameters,
 because each weight takes part in one multiply and one add per token. The prompt of P tokens is
 processed once (the prefill, the same work with or without a cache, so not counted), then each
-of G decode steps adds one token:
+of n decode steps adds one token:
 
     cached      step k runs 1 token:         2N per step
-    recompute   step k re-runs P + k tokens: 2N (P + k) per step, k = 1 .. G
+    recompute   step k re-runs P + k tokens: 2N (P + k) per step, k = 1 .. n
 
 This is the card's count (1,000 + 1,000 tokens: re-runs of 1,001 .. 2,000 tokens). Note that a
-loop which returns G new tokens feeds only G - 1 of them back (kvlesson.model.generate does so),
-so it makes G - 1 decode steps.
+loop which returns n new tokens feeds only n - 1 of them back (kvlesson.model.generate does so),
+so it makes n - 1 decode steps.
 
 Attention scores add work that grows with the number of keys a query sees; it is ignored by the
 2N rule and counted here only when `per_key` is given (see `score_flops_per_key`).
@@ -45,9 +45,9 @@ def score_flops_per_key(n_layers, H, d):
 
 
 def recompute_flops(N, prompt, generated, per_key=0, full_scores=False):
-    """FLOPs of G = `generated` decode steps without a cache: step k re-runs all P + k tokens.
+    """FLOPs of n = `generated` decode steps without a cache: step k re-runs all P + k tokens.
 
-    2N (P+1 + P+2 + ... + P+G), plus, with per_key, every query of every re-run scoring its keys.
+    2N (P+1 + P+2 + ... + P+n), plus, with per_key, every query of every re-run scoring its keys.
     A re-run over t tokens is a prefill: its queries need 1 + 2 + ... + t = t(t+1)/2 scores.
     full_scores=True counts all t*t instead, as an implementation that scores first and masks
     afterwards (kvlesson.attention among them) really computes.
@@ -63,9 +63,9 @@ def recompute_flops(N, prompt, generated, per_key=0, full_scores=False):
 
 
 def cached_flops(N, prompt, generated, per_key=0):
-    """FLOPs of G = `generated` decode steps with a cache: one new token per step, the prefill not counted.
+    """FLOPs of n = `generated` decode steps with a cache: one new token per step, the prefill not counted.
 
-    2N G, plus, with per_key, the one new query at step k scoring its P + k keys.
+    2N n, plus, with per_key, the one new query at step k scoring its P + k keys.
     """
     N, prompt, generated, per_key = _check_args(N, prompt, generated, per_key)
     return 2 * N * generated + per_key * _sum_range(prompt + 1, prompt + generated)
@@ -74,8 +74,8 @@ def cached_flops(N, prompt, generated, per_key=0):
 def flop_ratio(prompt, generated, N=None, per_key=0, full_scores=False):
     """Recompute FLOPs over cached FLOPs for the same decode steps.
 
-    Without the attention term N cancels and the ratio is the mean re-run length, P + (G + 1)/2:
-    1,500.5 for P = G = 1,000. With per_key, pass N too.
+    Without the attention term N cancels and the ratio is the mean re-run length, P + (n + 1)/2:
+    1,500.5 for P = n = 1,000. With per_key, pass N too.
     """
     if generated == 0:
         raise ValueError("the ratio needs at least one generated token (0 / 0 otherwise)")

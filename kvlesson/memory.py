@@ -10,24 +10,35 @@ and GiB (2**30 B); vendors state weights, memory and bandwidth in GB (1e9 B) and
 import math
 from numbers import Integral, Real
 
-from kvlesson.configs import ModelSpec
+import ml_dtypes
+import numpy as np
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}  # bytes per element; int4 packs two per byte
+from kvlesson.configs import Config
+
+BF16 = np.dtype(ml_dtypes.bfloat16)  # the default: how checkpoints and caches are usually kept
 
 
 def element_bytes(dtype):
-    """'bf16' (a key of BYTES) or a positive number of bytes -> bytes per element."""
-    if isinstance(dtype, str):
-        if dtype not in BYTES:
-            raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(BYTES)} or give bytes per element")
-        return BYTES[dtype]
-    if isinstance(dtype, Real) and not isinstance(dtype, bool) and dtype > 0:
-        return dtype
-    raise ValueError(f"bytes per element must be a positive number or one of {sorted(BYTES)}; got {dtype!r}")
+    """A numpy dtype (ml_dtypes' bfloat16, float8_e4m3fn and int4 included) -> bytes per element.
+
+    Counted from the type's bits, so 4-bit types give 0.5: stored packed, two per byte, as real caches do.
+    """
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a numpy dtype such as np.float32 or ml_dtypes.bfloat16; got {dtype!r}") \
+            from None
+    for info in (ml_dtypes.finfo, ml_dtypes.iinfo):  # int4 is kind "V" like bfloat16, so ask both
+        try:
+            bits = info(dt).bits
+            return bits / 8 if bits % 8 else bits // 8
+        except (ValueError, TypeError):
+            pass
+    raise TypeError(f"dtype must be a number type; got {dt}")
 
 
-def kv_bytes_per_token(spec, dtype="bf16"):
-    """Bytes one token adds to the cache while every layer still grows: 2 x n_layers x Hkv x d x bytes.
+def kv_bytes_per_token(spec, dtype=BF16):
+    """Bytes one token adds to the cache while every layer still grows: 2 x n_layers x Hkv x d x bytes per element.
 
     The 2 is K and V. Only the Hkv KV heads are stored, never the H query heads: that is all GQA saves.
     """
@@ -35,7 +46,7 @@ def kv_bytes_per_token(spec, dtype="bf16"):
     return _whole(2 * spec.n_layers * spec.Hkv * spec.d * element_bytes(dtype))
 
 
-def kv_bytes_per_sequence(spec, context, dtype="bf16"):
+def kv_bytes_per_sequence(spec, context, dtype=BF16):
     """Bytes one sequence holds in the cache after `context` tokens.
 
     Full-attention layers hold all `context` positions. A windowed layer holds min(context, window): during a
@@ -52,20 +63,20 @@ def kv_bytes_per_sequence(spec, context, dtype="bf16"):
     return _whole(2 * spec.Hkv * spec.d * element_bytes(dtype) * positions)
 
 
-def kv_bytes(spec, context, batch=1, dtype="bf16"):
+def kv_bytes(spec, context, batch=1, dtype=BF16):
     """Bytes the cache holds for `batch` sequences of `context` tokens each (each sequence has its own K and V)."""
     _check_count("batch", batch, low=1)
     return batch * kv_bytes_per_sequence(spec, context, dtype)
 
 
-def weight_bytes(spec, dtype="bf16", *, active=False):
+def weight_bytes(spec, dtype=BF16, *, active=False):
     """Bytes of the weights, params x bytes per element; with active=True only what one token reads (MoE)."""
     _check_spec(spec)
     n = spec.active_params if active and spec.active_params is not None else spec.params
     return math.ceil(n * element_bytes(dtype))
 
 
-def decode_floor(spec, accel, context, batch=1, *, kv_dtype="bf16", weight_dtype="bf16"):
+def decode_floor(spec, accel, context, batch=1, *, kv_dtype=BF16, weight_dtype=BF16):
     """Seconds per decode step, at best: (weight bytes + KV bytes) / bandwidth.
 
     One step reads every weight once (shared by the whole batch) and every cached K and V once (one cache per
@@ -79,7 +90,7 @@ def decode_floor(spec, accel, context, batch=1, *, kv_dtype="bf16", weight_dtype
     return moved / accel.bandwidth
 
 
-def matmul_intensity(n_out, n_in, batch=1, dtype="bf16"):
+def matmul_intensity(n_out, n_in, batch=1, dtype=BF16):
     """FLOPs per byte moved for Y = W X, W [n_out, n_in], X [n_in, batch].
 
     FLOPs: 2 x n_out x n_in x batch (a multiply and an add per weight per vector).
@@ -136,8 +147,8 @@ def _check_count(name, n, low):
 
 
 def _check_spec(spec):
-    if not isinstance(spec, ModelSpec):
-        raise ValueError(f"need a kvlesson.configs.ModelSpec (see MODELS); got a {type(spec).__name__}")
+    if not isinstance(spec, Config):
+        raise TypeError(f"need a kvlesson.configs.Config (see MODELS); got a {type(spec).__name__}")
     for field in ("n_layers", "H", "Hkv", "d"):
         _check_count(f"{spec.name}: {field}", getattr(spec, field), low=1)
     if spec.H % spec.Hkv:

@@ -5,27 +5,13 @@ The forward pass is the whole model: RMSNorm, attention over a cache with GQA an
 Weights are a dict keyed by the GGUF tensor names (blk.0.attn_q.weight, ...), each matrix
 stored [in, out] so every projection is x @ W.
 """
-from dataclasses import dataclass
+import dataclasses
 
 import numpy as np
 
 from kvlesson.cache import KVCache, StaticKVCache
+from kvlesson.configs import Config
 from kvlesson.layer import step
-
-
-@dataclass(frozen=True)
-class Config:
-    D: int  # model width
-    n_layers: int  # transformer blocks
-    H: int  # query heads
-    Hkv: int  # KV heads
-    d: int  # head dim
-    hidden: int  # SwiGLU inner width
-    vocab: int  # vocabulary size
-    rope_base: float = 10000.0  # RoPE base frequency
-    rope_interleaved: bool = False  # pairs (2m, 2m+1) as in GGUF, or (m, m + d/2) as in Hugging Face
-    norm_eps: float = 1e-5  # RMSNorm epsilon
-    max_len: int = 2048  # positions a StaticKVCache preallocates
 
 
 def rms_norm(x, w, eps):
@@ -35,6 +21,11 @@ def rms_norm(x, w, eps):
 
 def silu(x):
     return x / (1 + np.exp(-x))
+
+
+def with_max_len(cfg, max_len):
+    """The same config with another context length (how many positions a StaticKVCache preallocates)."""
+    return dataclasses.replace(cfg, max_len=max_len)
 
 
 def new_cache(cfg, dtype=np.float32, static=True):
@@ -83,7 +74,7 @@ def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32):
 
 def tiny_config(**overrides):
     """A small model for the lessons: same architecture, a few layers, a toy vocabulary."""
-    base = dict(D=64, n_layers=4, H=4, Hkv=2, d=16, hidden=172, vocab=256, max_len=1024)
+    base = dict(name="tiny", D=64, n_layers=4, H=4, Hkv=2, d=16, hidden=172, vocab=256, max_len=1024)
     return Config(**{**base, **overrides})
 
 

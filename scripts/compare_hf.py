@@ -7,16 +7,19 @@ the logits) and the argmax at every position; then 40 greedy tokens from a promp
     pip install -r requirements.txt -r requirements-reference.txt    # a separate venv is best
     python scripts/compare_hf.py [--tokens 1024] [--new 40]
 
-transformers converts the GGUF back to its own half-split RoPE layout (it undoes llama.cpp's
-permutation of the Q and K rows), so agreement here also checks our interleaved RoPE.
+transformers converts the GGUF back to its own half-split RoPE layout (see hf_reference.py), so agreement
+here also checks our interleaved RoPE.
 """
 import argparse
 import sys
 import time
 
+import hf_reference
 import numpy as np
 
-from kvlesson import fetch, llama
+from kvlesson import llama
+from kvlesson.text import NAME as text_name
+from kvlesson.text import long_text
 
 
 def main(argv=None):
@@ -25,28 +28,20 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=40, help="greedy tokens to generate")
     ap.add_argument("--chunk", type=int, default=256, help="kvlesson prefills the text in chunks of this size")
     args = ap.parse_args(argv)
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as e:
-        print(f"compare_hf needs the reference extras ({e.name} is missing): "
-              "pip install -r requirements-reference.txt", file=sys.stderr)
+    ref = hf_reference.load(tokenizer=True)
+    if ref is None:
+        print("compare_hf needs the reference extras: pip install -r requirements-reference.txt", file=sys.stderr)
         return 2
-    torch.manual_seed(0)
+    import torch
 
+    hf, hf_tok, versions = ref
     model = llama.load()
-    path, _ = fetch.model_file()
     print(f"kvlesson   {model}")
-    hf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    import transformers
+    print(f"reference  {versions}, float32, CPU, {torch.get_num_threads()} threads")
 
-    print(f"reference  transformers {transformers.__version__}, torch {torch.__version__}, float32, CPU, "
-          f"{torch.get_num_threads()} threads")
-
-    name, text = llama.long_text()
+    text = long_text()
     ours = model.tokenizer.encode(text)
-    print(f"\ntext       {name}: {len(text):,} characters, {len(ours):,} tokens")
+    print(f"\ntext       {text_name}: {len(text):,} characters, {len(ours):,} tokens")
     same_tokens = _compare_tokenizers(model.tokenizer, hf_tok, text)
     ids = ours[: args.tokens]
 

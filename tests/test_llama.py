@@ -9,10 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvlesson import fetch, llama
+from kvlesson import fetch, gguf_file, llama
 from kvlesson import model as kvmodel
 from kvlesson.cache import KVCache, StaticKVCache
-from kvlesson.llama import CHUNK_TOL
+from kvlesson.text import long_text
+from kvlesson.tolerance import CHUNK_TOL
 
 PROMPT = "The capital of France is"
 
@@ -24,7 +25,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def text_ids(model):
-    return model.tokenizer.encode(llama.long_text()[1])[:96]
+    return model.tokenizer.encode(long_text())[:96]
 
 
 # ---- the file
@@ -42,13 +43,15 @@ def test_config_follows_the_metadata_not_constants():
             "llama.attention.head_count_kv": 2, "llama.block_count": 3, "llama.feed_forward_length": 100,
             "llama.rope.freq_base": 500.0, "llama.attention.layer_norm_rms_epsilon": 1e-6,
             "llama.context_length": 32, "tokenizer.ggml.tokens": ["a"] * 7}
-    c = llama.config_from_metadata(meta)
+    c = gguf_file.config_from_metadata(meta)
     assert (c.D, c.H, c.Hkv, c.d, c.n_layers, c.hidden, c.vocab, c.rope_base, c.max_len) == \
         (64, 4, 2, 16, 3, 100, 7, 500.0, 32)
-    with pytest.raises(ValueError, match="architecture 'gpt2'"):
-        llama.config_from_metadata({**meta, "general.architecture": "gpt2"})
-    with pytest.raises(ValueError, match="partial RoPE"):
-        llama.config_from_metadata({**meta, "llama.rope.dimension_count": 8})
+    with pytest.raises(fetch.ModelFileError, match="architecture 'gpt2'"):
+        gguf_file.config_from_metadata({**meta, "general.architecture": "gpt2"})
+    with pytest.raises(fetch.ModelFileError, match="partial RoPE"):
+        gguf_file.config_from_metadata({**meta, "llama.rope.dimension_count": 8})
+    with pytest.raises(fetch.ModelFileError, match="no llama.block_count"):
+        gguf_file.config_from_metadata({k: v for k, v in meta.items() if k != "llama.block_count"})
 
 
 def test_weights_are_float32_in_matmul_layout_and_tied(model):
@@ -186,19 +189,38 @@ def test_half_split_rope_is_the_wrong_convention_for_this_file(model):
 # ---- bad input and bad files
 
 
-def test_bad_input_raises_value_error(model):
-    with pytest.raises(ValueError, match=r"lie in \[0, 49152\)"):
-        model.forward([1, 49152])
-    with pytest.raises(ValueError, match="integer token ids"):
-        model.forward([1.5])
-    with pytest.raises(ValueError, match="one cache per layer"):
-        model.forward([1], model.new_cache()[:3])
-    with pytest.raises(ValueError, match="exceed the context of 8192"):
-        model.generate([1] * 8000, 500)
-    cache = model.new_cache(capacity=4)
-    with pytest.raises(ValueError, match="cache full"):
-        model.forward([1, 2, 3, 4, 5], cache)
-    assert [len(c) for c in cache] == [0] * 30  # rejected before anything changed
+@pytest.mark.parametrize("call, error, words", [
+    (lambda m: m.forward([1, 49152]), ValueError, r"ids must lie in \[0, 49152\); got \[49152\]"),
+    (lambda m: m.forward([-1]), ValueError, r"got \[-1\]"),
+    (lambda m: m.forward([1.5]), TypeError, "integer token ids; got 1.5"),
+    (lambda m: m.forward([True]), TypeError, "integer token ids; got True"),
+    (lambda m: m.forward("hello"), TypeError, "integer token ids; got 'h'"),
+    (lambda m: m.forward([1], m.new_cache()[:3]), ValueError, "one cache per layer"),
+    (lambda m: m.forward([1], 5), TypeError, "caches must be a list of 30 caches"),
+    (lambda m: m.generate([1] * 8000, 500), ValueError, "exceed the context of 8192"),
+    (lambda m: m.generate([1, 2], 2.5), TypeError, "max_new_tokens must be an integer; got max_new_tokens=2.5"),
+    (lambda m: m.generate([1, 2], -1), ValueError, "max_new_tokens must be at least 0"),
+    (lambda m: m.generate([], 3), ValueError, "at least one prompt token"),
+    (lambda m: m.tokenizer.decode([-1]), ValueError, r"\[0, 49152\); got \[-1\]"),
+    (lambda m: m.tokenizer.decode([49152]), ValueError, "got \\[49152\\]"),
+    (lambda m: m.tokenizer.encode(b"bytes"), TypeError, "text must be a str"),
+    (lambda m: m.new_cache(capacity=2.5), TypeError, "capacity must be an integer"),
+])
+def test_bad_input_names_the_argument(model, call, error, words):
+    with pytest.raises(error, match=words):
+        call(model)
+
+
+def test_a_refused_forward_leaves_every_cache_as_it_was(model):
+    caches = model.new_cache(capacity=4)
+    with pytest.raises(ValueError, match="hold 0 of 4 positions and cannot take 5 more"):
+        model.forward([1, 2, 3, 4, 5], caches)
+    model.forward([1, 2], caches)
+    uneven = model.new_cache(capacity=8)
+    uneven[7].append(*(np.zeros((3, 1, 64), np.float32),) * 2)
+    with pytest.raises(ValueError, match="disagree on how many tokens they hold"):
+        model.forward([1], uneven)
+    assert [len(c) for c in caches] == [2] * 30 and [len(c) for c in uneven].count(0) == 29
 
 
 def test_a_truncated_or_altered_copy_of_the_real_file_is_refused(model, tmp_path):
@@ -227,40 +249,8 @@ def test_a_file_accepted_on_purpose_must_still_be_gguf(tmp_path):
         llama.load(own, sha256=None)
 
 
-def test_the_fallback_text_ships_with_the_package(model):
-    text = (llama.Path(llama.__file__).parent / "data" / "fallback_text.txt").read_text(encoding="utf-8")
-    assert len(model.tokenizer.encode(text)) > 700
-
-
-def test_a_damaged_float32_cache_is_rebuilt_not_used(model, monkeypatch):
-    real, digest = fetch.model_file()
-    folder = llama._cache_folder(real, digest)
-    assert (folder / "done").is_file()  # load() left a complete cache behind
-    damaged = folder.parent / "damaged.f32"
-    shutil.rmtree(damaged, ignore_errors=True)
-    damaged.mkdir()
-    shutil.copy(folder / "config.json", damaged)
-    shutil.copy(folder / "tokenizer.json", damaged)
-    (damaged / "done").write_text("")  # claims to be complete, but holds no arrays
-    monkeypatch.setattr(llama, "_cache_folder", lambda path, digest: damaged)
-
-    def rebuild(path):
-        raise RuntimeError("rebuilt from the GGUF file")
-
-    monkeypatch.setattr(llama, "_read_gguf", rebuild)
-    try:
-        with pytest.raises(RuntimeError, match="rebuilt from the GGUF"):
-            llama.load()
-    finally:
-        shutil.rmtree(damaged)
-
-
-def test_the_benchmark_runs_and_prints_its_table(model, capsys):
-    """`python -m kvlesson.bench` in its smallest form: one round, two steps, one context, no transformers."""
-    from kvlesson import bench
-
-    assert bench.decode_bytes(model) == 4 * sum(a.size for n, a in model.weights.items() if n != "token_embd.weight")
-    bench.main(["--rounds", "1", "--steps", "2", "--contexts", "8", "--no-transformers"])
-    out = capsys.readouterr().out
-    assert "| kvlesson decode step |" in out and "of the floor" in out and "| 8 |" in out
-    assert out.count("| rows of [") == 8  # every matrix shape, with the memory order the loader keeps
+def test_the_long_text_ships_with_the_package_and_has_its_stated_length(model):
+    """kvlesson.text's docstring and the lessons quote 6,792 tokens: the text every experiment reads."""
+    text = long_text()
+    assert text.isascii() and text.startswith("The Ferry at Holloway Reach\n")
+    assert len(model.tokenizer.encode(text)) == 6792

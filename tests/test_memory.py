@@ -1,15 +1,16 @@
 """The price of the cache: the card's figures exactly, the window convention, the decode floor, bad input."""
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import KVCache, StaticKVCache, WindowKVCache
-from kvlesson.configs import ACCELERATORS, MODELS, Accelerator, ModelSpec
+from kvlesson.configs import ACCELERATORS, MODELS, Accelerator, Config
 from kvlesson.memory import (
-    BYTES,
+    BF16,
     decode_floor,
     element_bytes,
     iec,
@@ -28,7 +29,7 @@ H100 = ACCELERATORS["H100 SXM"]
 # ------------------------------------------------------------------------------------------ the card
 
 def test_card_bytes_per_token_is_128_kib():
-    assert kv_bytes_per_token(LLAMA, "bf16") == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert kv_bytes_per_token(LLAMA, ml_dtypes.bfloat16) == 2 * 32 * 8 * 128 * 2 == 131_072
     assert iec(kv_bytes_per_token(LLAMA)) == "128 KiB"
 
 
@@ -48,9 +49,11 @@ def test_card_decode_floor_on_h100_is_4_95_ms():
 
 
 def test_card_rounding_the_printed_terms_would_give_4_96():
-    """The card's 4.95 ms comes from unrounded bytes: its rounded terms, 16.06 + 0.54, would give 4.96 ms."""
-    assert f"{(16.06e9 + 0.54e9) / 3.35e12 * 1e3:.2f}" == "4.96"
-    assert f"{(8.03e9 * 2 + 131_072 * 4096) / 3.35e12 * 1e3:.2f}" == "4.95"  # the card's 8.03e9, unrounded KV
+    """The card's 4.95 ms comes from unrounded bytes: the GB figures it prints, added, would give 4.96 ms."""
+    w, kv = weight_bytes(LLAMA), kv_bytes(LLAMA, 4096)
+    rounded = float(si(w).split()[0]) * 1e9 + float(si(kv, "GB").split()[0]) * 1e9  # 16.06 GB + 0.54 GB
+    assert f"{rounded / H100.bandwidth * 1e3:.2f}" == "4.96"
+    assert f"{decode_floor(LLAMA, H100, 4096) * 1e3:.2f}" == "4.95"
 
 
 def test_parameter_counts_agree_with_the_published_figures():
@@ -87,11 +90,12 @@ def test_gqa_saves_exactly_h_over_hkv():
 
 
 def test_cache_dtypes_scale_the_bytes():
-    base = kv_bytes_per_token(LLAMA, "bf16")
-    got = {t: kv_bytes_per_token(LLAMA, t) for t in ("fp32", "bf16", "fp16", "fp8", "int4")}
-    assert got == {"fp32": 2 * base, "bf16": base, "fp16": base, "fp8": base // 2, "int4": base // 4}
-    assert all(type(v) is int for v in got.values())
-    assert kv_bytes_per_token(LLAMA, 2) == base  # a number of bytes works too
+    base = kv_bytes_per_token(LLAMA, BF16)
+    types = (np.float32, ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn, np.int8, ml_dtypes.int4)
+    got = [kv_bytes_per_token(LLAMA, t) for t in types]
+    assert got == [2 * base, base, base, base // 2, base // 2, base // 4]  # int4 is counted packed, two per byte
+    assert all(type(v) is int for v in got)
+    assert kv_bytes_per_token(LLAMA, "bfloat16") == base  # a dtype's name works, as np.dtype reads it
 
 
 def test_window_layers_stop_growing_at_the_window():
@@ -133,13 +137,14 @@ def test_matvec_is_about_one_flop_per_byte_in_bf16():
     assert matmul_intensity(n_out, n_in) == 2 * n_out * n_in / (2 * (n_out * n_in + n_in + n_out))
     assert 0.99 < matmul_intensity(n_out, n_in) < 1
     assert 0.95 * 64 < matmul_intensity(n_out, n_in, batch=64) < 64  # activations start to count
-    assert matmul_intensity(n_out, n_in, dtype="fp32") == pytest.approx(matmul_intensity(n_out, n_in) / 2)
+    assert matmul_intensity(n_out, n_in, dtype=np.float32) == pytest.approx(matmul_intensity(n_out, n_in) / 2)
 
 
 def test_the_formula_matches_kvlesson_caches():
     """nbytes of real caches, one layer, 2-byte elements: the formula's per-layer share, token for token."""
     Hkv, d, T, W = 8, 128, 10, 4
-    one_layer = kv_bytes_per_token(ModelSpec("one layer", 1, 32, Hkv, d, 1.0), 2)
+    one_layer = kv_bytes_per_token(Config(name="one layer", n_layers=1, H=32, Hkv=Hkv, d=d, total_params=1.0),
+                                   np.float16)
     k = np.zeros((Hkv, T, d), np.float16)
     grow = KVCache(Hkv, d, np.float16)
     grow.append(k, k)
@@ -164,15 +169,14 @@ def test_formats():
     (lambda: kv_bytes_per_sequence(LLAMA, 2.5), ["context", "2.5"]),
     (lambda: kv_bytes(LLAMA, 10, batch=0), ["batch", "0"]),
     (lambda: kv_bytes(LLAMA, 10, batch=True), ["batch", "True"]),
-    (lambda: kv_bytes_per_token(LLAMA, "bf17"), ["bf17", "fp32"]),
-    (lambda: kv_bytes_per_token(LLAMA, 0), ["positive", "0"]),
-    (lambda: element_bytes(None), ["None"]),
     (lambda: kv_bytes_per_token(dataclasses.replace(LLAMA, Hkv=5)), ["H=32", "Hkv=5"]),
     (lambda: kv_bytes_per_token(dataclasses.replace(LLAMA, Hkv=0)), ["Hkv", "0"]),
     (lambda: kv_bytes_per_token(dataclasses.replace(LLAMA, window_layers=40)), ["window_layers=40", "n_layers=32"]),
     (lambda: kv_bytes_per_sequence(dataclasses.replace(LLAMA, window_layers=4), 9), ["window=None", "4"]),
-    (lambda: weight_bytes(dataclasses.replace(LLAMA, params=-1)), ["params=-1"]),
-    (lambda: decode_floor(LLAMA, Accelerator("broken", 1e9, 0), 10), ["broken", "bandwidth", "0"]),
+    (lambda: weight_bytes(dataclasses.replace(LLAMA, total_params=-1)), ["params=-1"]),
+    (lambda: weight_bytes(Config(name="no shape", n_layers=2, H=4, Hkv=2, d=8)), ["no shape", "total_params"]),
+    (lambda: decode_floor(LLAMA, Accelerator(name="broken", memory=1e9, bandwidth=0), 10),
+     ["broken", "bandwidth", "0"]),
     (lambda: matmul_intensity(0, 4096), ["n_out", "0"]),
     (lambda: si(-5), ["-5"]),
     (lambda: si(5, "GiB"), ["GiB"]),
@@ -184,11 +188,23 @@ def test_bad_input_raises_a_value_error_naming_the_values(call, words):
         assert w in str(err.value)
 
 
-def test_bytes_table_lists_the_lesson_dtypes():
-    assert BYTES == {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}
+@pytest.mark.parametrize("dtype, error", [("bf17", TypeError), (None, None), (0, TypeError), ("U3", TypeError),
+                                          (object, TypeError)])
+def test_a_dtype_must_be_a_number_type(dtype, error):
+    if error is None:  # np.dtype(None) is float64, as numpy reads it
+        assert element_bytes(dtype) == 8
+        return
+    with pytest.raises(error, match="dtype"):
+        kv_bytes_per_token(LLAMA, dtype)
 
 
-def test_a_model_config_is_not_a_spec():
+def test_the_tiny_model_config_is_priced_like_any_other():
     from kvlesson.model import tiny_config
-    with pytest.raises(ValueError, match="need a kvlesson.configs.ModelSpec"):
-        kv_bytes_per_token(tiny_config())
+    c = tiny_config()
+    assert kv_bytes_per_token(c, np.float32) == 2 * c.n_layers * c.Hkv * c.d * 4
+    assert weight_bytes(c, np.float32) == 4 * c.params
+
+
+def test_pricing_needs_a_config():
+    with pytest.raises(TypeError, match="need a kvlesson.configs.Config"):
+        kv_bytes_per_token({"n_layers": 32})

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvlesson import attention
 from kvlesson.checks._verdict import call, failed, passed
-from kvlesson.configs import ACCELERATORS, MODELS, ModelSpec
+from kvlesson.configs import ACCELERATORS, MODELS, Config
 from kvlesson.memory import decode_floor, kv_bytes, kv_bytes_per_token, weight_bytes
 
 __all__ = ["check_cache_bytes_per_token", "check_gqa_attention", "check_decode_floor"]
@@ -52,7 +52,7 @@ def _number(got, case):
 
 # ---------------------------------------------------------------------------------------- bytes per token
 
-_MQA = ModelSpec("a toy MQA model (4 layers, H=8, Hkv=1, d=16)", n_layers=4, H=8, Hkv=1, d=16, params=1e6)
+_MQA = Config(name="a toy MQA model (4 layers, H=8, Hkv=1, d=16)", n_layers=4, H=8, Hkv=1, d=16, total_params=1e6)
 
 
 def check_cache_bytes_per_token(fn):
@@ -70,15 +70,19 @@ def check_cache_bytes_per_token(fn):
         if bad is not None:
             return bad
         answers.append(((spec, b), value, case))
-    first_wrong = next((a for a in answers if not _same(a[1], kv_bytes_per_token(*a[0]))), None)
+    first_wrong = next((a for a in answers if not _same(a[1], _per_token(*a[0]))), None)
     if first_wrong is None:
         return passed("2 x n_layers x Hkv x d x bytes: K and V, every layer, KV heads only")
     found = _explain([(args, got) for args, got, _ in answers], _TOKEN_MISTAKES)
     (spec, b), got, case = first_wrong
-    problem = f"for {case} you return {got:,.6g} B; expected {kv_bytes_per_token(spec, b):,} B"
+    problem = f"for {case} you return {got:,.6g} B; expected {_per_token(spec, b):,} B"
     if found:
         return failed(f"{problem}: {found[0]}", found[1])
     return failed(problem, "multiply 2 (K and V) x n_layers x Hkv x d x bytes per element, and nothing else")
+
+
+def _per_token(spec, b):
+    return 2 * spec.n_layers * spec.Hkv * spec.d * b
 
 
 _TOKEN_MISTAKES = [

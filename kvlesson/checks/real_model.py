@@ -7,8 +7,8 @@ can say which chunk went onto the wrong cache, or which tokens never reached the
 import numpy as np
 
 from kvlesson.checks._verdict import call, failed, passed
-from kvlesson.llama import CHUNK_TOL
 from kvlesson.model import Config
+from kvlesson.tolerance import CHUNK_TOL
 
 __all__ = ["check_kv_bytes_per_token", "check_chunked_prefill"]
 

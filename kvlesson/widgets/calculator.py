@@ -1,17 +1,20 @@
 """A KV-cache calculator: model, context, batch, cache dtype and accelerator in; bytes, share and floor out.
 
 `price` is the pure function (tested); `price_table` tabulates it; `calculator()` is the thin ipywidgets
-wrapper, imported lazily so kvlesson works without ipywidgets. Weights default to bf16; int4 stands in for
+wrapper, imported lazily so kvlesson works without ipywidgets. Dtypes are numpy dtypes or their names
+(ml_dtypes provides bfloat16, float8_e4m3fn and int4). Weights default to bfloat16; int4 stands in for
 4-bit checkpoints (gpt-oss-120b ships its expert weights in MXFP4, about 4.25 bits each, so int4 is a slight
 underestimate there, and scales and zero points of any 4-bit format are not counted).
 """
 from dataclasses import dataclass
 
-from kvlesson.configs import ACCELERATORS, MODELS
-from kvlesson.memory import decode_floor, iec, kv_bytes, si, weight_bytes
+import numpy as np
 
-CACHE_DTYPES = ("fp32", "bf16", "fp8", "int4")
-WEIGHT_DTYPES = ("bf16", "fp8", "int4")
+from kvlesson.configs import ACCELERATORS, MODELS
+from kvlesson.memory import decode_floor, element_bytes, iec, kv_bytes, si, weight_bytes
+
+CACHE_DTYPES = ("float32", "bfloat16", "float8_e4m3fn", "int4")
+WEIGHT_DTYPES = ("bfloat16", "float8_e4m3fn", "int4")
 
 
 @dataclass(frozen=True)
@@ -51,14 +54,12 @@ class Price:
         ])
 
 
-def price(model, context, batch=1, cache_dtype="bf16", accelerator="H100 SXM", weight_dtype="bf16"):
-    """Price `batch` sequences of `context` tokens. model and accelerator: keys of MODELS / ACCELERATORS or specs."""
+def price(model, context, batch=1, cache_dtype="bfloat16", accelerator="H100 SXM", weight_dtype="bfloat16"):
+    """Price `batch` sequences of `context` tokens. model and accelerator: keys of MODELS / ACCELERATORS or configs."""
     spec = _lookup(MODELS, model, "model")
     accel = _lookup(ACCELERATORS, accelerator, "accelerator")
-    if cache_dtype not in CACHE_DTYPES:
-        raise ValueError(f"cache_dtype must be one of {CACHE_DTYPES}; got {cache_dtype!r}")
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}; got {weight_dtype!r}")
+    element_bytes(cache_dtype), element_bytes(weight_dtype)  # a TypeError naming a bad dtype, before anything else
+    cache_dtype, weight_dtype = np.dtype(cache_dtype).name, np.dtype(weight_dtype).name
     kv = kv_bytes(spec, context, batch, cache_dtype)
     weights = weight_bytes(spec, weight_dtype)
     return Price(spec.name, accel.name, context, batch, cache_dtype, weight_dtype, kv, weights, accel.memory,
@@ -66,7 +67,8 @@ def price(model, context, batch=1, cache_dtype="bf16", accelerator="H100 SXM", w
                  decode_floor(spec, accel, context, batch, kv_dtype=cache_dtype, weight_dtype=weight_dtype))
 
 
-def price_table(model, contexts, cache_dtypes=CACHE_DTYPES, batch=1, accelerator="H100 SXM", weight_dtype="bf16"):
+def price_table(model, contexts, cache_dtypes=CACHE_DTYPES, batch=1, accelerator="H100 SXM",
+                weight_dtype="bfloat16"):
     """A text table from `price`: one row per context, KV bytes and decode floor per cache dtype."""
     head = f"{'context':>9} | " + " | ".join(f"{t:>22}" for t in cache_dtypes)
     lines = [f"{_lookup(MODELS, model, 'model').name}, batch {batch}, weights in {weight_dtype}, on "
@@ -94,9 +96,9 @@ def calculator():
         model=widgets.Dropdown(options=list(MODELS), value="Llama 3.1 8B", description="model"),
         context=widgets.SelectionSlider(options=contexts, value=8192, description="context"),
         batch=widgets.SelectionSlider(options=[2 ** i for i in range(9)], value=1, description="batch"),
-        cache_dtype=widgets.ToggleButtons(options=list(CACHE_DTYPES), value="bf16", description="cache"),
+        cache_dtype=widgets.ToggleButtons(options=list(CACHE_DTYPES), value="bfloat16", description="cache"),
         accelerator=widgets.Dropdown(options=list(ACCELERATORS), value="H100 SXM", description="accelerator"),
-        weights=widgets.ToggleButtons(options=list(WEIGHT_DTYPES), value="bf16", description="weights"),
+        weights=widgets.ToggleButtons(options=list(WEIGHT_DTYPES), value="bfloat16", description="weights"),
     )
 
 

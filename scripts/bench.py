@@ -1,4 +1,4 @@
-"""How fast does kvlesson decode SmolLM2-135M, and against what? `python -m kvlesson.bench`
+"""How fast does kvlesson decode SmolLM2-135M, and against what? `python scripts/bench.py`
 
 Everything is measured side by side in one run, batch 1, float32, on the same 128-token prompt:
   - kvlesson's decode step (one token onto its KV cache) against Hugging Face transformers decoding
@@ -18,9 +18,12 @@ import platform
 import statistics
 import time
 
+import hf_reference
 import numpy as np
 
 from kvlesson import flops, llama
+from kvlesson.text import NAME as text_name
+from kvlesson.text import long_text
 
 
 def matvec_bandwidth(n=8192, repeats=5):
@@ -45,7 +48,7 @@ def matvec_bandwidth(n=8192, repeats=5):
 def layout_check(model, repeats=5):
     """[(matrix, shape, order the loader chose, its time, the other order's time)], over all layers.
 
-    Backs the memory orders in kvlesson.llama._as_matmul_weights with a measurement on this machine.
+    Backs the memory orders in kvlesson.layout.matmul_weights with a measurement on this machine.
     """
     w, rows = model.weights, []
     groups = {n: [w[f"blk.{i}.{n}.weight"] for i in range(model.config.n_layers)]
@@ -106,19 +109,6 @@ def kvlesson_decode(model, prompt, steps):
     return statistics.median(times)
 
 
-def load_transformers(path):
-    """transformers reading the same GGUF file, float32 on the CPU; None when it is not installed."""
-    try:
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        return None
-    transformers.logging.set_verbosity_error()
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    return hf, f"transformers {transformers.__version__}, torch {torch.__version__}"
-
-
 def transformers_decode(hf, prompt, steps):
     """Median seconds of one decode step with transformers' own KV cache (DynamicCache), no generate() overhead."""
     import torch
@@ -160,10 +150,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     model = llama.load()
-    name, text = llama.long_text()
-    ids = model.tokenizer.encode(text)
+    name = text_name
+    ids = model.tokenizer.encode(long_text())
     prompt = ids[: args.prompt]
-    ref = None if args.no_transformers else load_transformers(llama.fetch.model_file()[0])
+    ref = None if args.no_transformers else hf_reference.load()
     nbytes = decode_bytes(model)
 
     rows = []  # per round: kvlesson s, floor s, transformers s, bandwidth, bare matvecs s
@@ -184,7 +174,7 @@ def main(argv=None):
     bare_of_floor = [r[1] / r[4] for r in rows]
     med = statistics.median
     print(f"\n### kvlesson decode benchmark, {datetime.date.today()}, {os.cpu_count()} cores "
-          f"({platform.machine()}), numpy {np.__version__}" + (f", {ref[1]}" if ref else ""))
+          f"({platform.machine()}), numpy {np.__version__}" + (f", {ref[2]}" if ref else ""))
     print(f"\nSmolLM2-135M-Instruct, float32, batch 1, {args.prompt}-token prompt ({name}), "
           f"{args.rounds} interleaved rounds of {args.steps} decode steps; medians over rounds.\n")
     print("| measure | this run | ratio (min .. max over rounds) |")

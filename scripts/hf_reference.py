@@ -1,0 +1,28 @@
+"""The independent reference: Hugging Face transformers (PyTorch, CPU, float32) reading the same GGUF file.
+
+Shared by compare_hf.py and bench.py. transformers converts the GGUF back to its own half-split RoPE layout
+(it undoes llama.cpp's permutation of the Q and K rows), so agreement with it also checks our interleaved RoPE.
+Needs the optional extras: pip install -r requirements.txt -r requirements-reference.txt
+"""
+from kvlesson import fetch
+
+
+def load(threads=None, tokenizer=False):
+    """-> (model, tokenizer or None, "transformers X, torch Y") on the CPU in float32; None if not installed.
+
+    threads sets torch's intra-op thread count (None leaves torch's default), so a benchmark can give both
+    sides the same number.
+    """
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        return None
+    if threads is not None:
+        torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    path, _ = fetch.model_file()
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name) if tokenizer else None
+    return hf, tok, f"transformers {transformers.__version__}, torch {torch.__version__}"

@@ -1,0 +1,221 @@
+"""Model files: never use a damaged one, never leave debris, say what is wrong with a file of another shape.
+
+A tiny Llama-style GGUF file is written here with gguf.GGUFWriter (llama.cpp's own writer): 2 layers, D = 16,
+a 12-token vocabulary. It loads and runs like SmolLM2, and variants of it (a metadata key missing, a tensor
+missing, one wrong shape) must each be refused at load with a ModelFileError naming the culprit.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from kvlesson import f32cache, fetch, gguf_file, llama
+
+CFG = dict(D=16, n_layers=2, H=4, Hkv=2, d=4, hidden=24)
+TOKENS = ["a", "b", "c", "d", " ", "Ġ", "ab", "cd", "<|im_start|>", "<|im_end|>", "x", "y"]
+
+
+def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0):
+    """Write a tiny model file; optionally without one metadata key or tensor, or with one tensor reshaped."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    c = CFG
+    meta = {"block_count": c["n_layers"], "context_length": 64, "embedding_length": c["D"],
+            "feed_forward_length": c["hidden"], "attention.head_count": c["H"], "attention.head_count_kv": c["Hkv"],
+            "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-5}
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in meta.items():
+        if key == drop_key:
+            continue
+        if isinstance(value, float):
+            w.add_float32(f"llama.{key}", value)
+        else:
+            w.add_uint32(f"llama.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(TOKENS)
+    w.add_token_types([3 if t.startswith("<|") else 1 for t in TOKENS])
+    w.add_token_merges(["a b", "c d"])
+    w.add_eos_token_id(9)
+    shapes = gguf_file.expected_shapes(_config())
+    for name, shape in shapes.items():
+        if name == drop_tensor:
+            continue
+        if reshape and name == reshape[0]:
+            shape = reshape[1]
+        a = (rng.standard_normal(shape) / 4).astype(np.float32) if len(shape) == 2 else np.ones(shape, np.float32)
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _config():
+    from kvlesson.configs import Config
+    return Config(vocab=len(TOKENS), max_len=64, **CFG)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("KVLESSON_CACHE_DIR", str(folder))
+    return folder
+
+
+def test_a_tiny_file_of_the_right_shape_loads_and_runs(tmp_path, cache_dir):
+    model = llama.load(tiny_gguf(tmp_path / "tiny.gguf"), sha256=None)
+    assert (model.config.n_layers, model.config.vocab, model.config.max_len) == (2, 12, 64)
+    assert model.tokenizer.encode("abcd") == [6, 7]
+    out = model.generate([0, 1, 2], 5)
+    assert out == model.generate([0, 1, 2], 5, use_cache=False) and len(out) == 5
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(drop_key="attention.head_count_kv"), "no llama.attention.head_count_kv"),
+    (dict(drop_key="rope.freq_base"), "no llama.rope.freq_base"),
+    (dict(drop_tensor="blk.1.ffn_down.weight"), "lacks tensors the model needs: blk.1.ffn_down.weight"),
+    (dict(drop_tensor="output_norm.weight"), "output_norm.weight"),
+    (dict(reshape=("blk.0.attn_q.weight", (12, 16))), "blk.0.attn_q.weight has shape [12, 16]"),
+    (dict(reshape=("blk.1.attn_k.weight", (8, 12))), "blk.1.attn_k.weight has shape [8, 12]"),
+    (dict(reshape=("token_embd.weight", (11, 16))), "token_embd.weight has shape [11, 16]"),
+])
+def test_a_file_of_another_shape_is_refused_at_load_naming_the_culprit(tmp_path, cache_dir, change, words):
+    path = tiny_gguf(tmp_path / "odd.gguf", **change)
+    with pytest.raises(fetch.ModelFileError, match=words.replace("[", r"\[")):
+        llama.load(path, sha256=None)
+    assert not any(cache_dir.glob("*")) if cache_dir.exists() else True  # nothing written for a refused file
+
+
+def _copy_folder(cache_dir):
+    (folder,) = cache_dir.glob("*.f32")
+    return folder
+
+
+def test_the_float32_copy_is_written_with_checksums_and_used_next_time(tmp_path, cache_dir):
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    first = llama.load(path, sha256=None)
+    folder = _copy_folder(cache_dir)
+    assert (folder / "manifest.json").is_file()
+    assert not list(cache_dir.glob(".f32-*")), "the temporary folder was left behind"
+    second = llama.load(path, sha256=None)
+    np.testing.assert_array_equal(first.forward([0, 1, 2]), second.forward([0, 1, 2]))
+
+
+@pytest.mark.parametrize("damage", ["overwrite 4 KiB", "empty file", "missing file", "bad manifest"])
+def test_a_damaged_float32_copy_is_rebuilt_with_one_line_not_used(tmp_path, cache_dir, capsys, damage):
+    """Before the manifest had checksums, 4 KiB of zeros in one array made SmolLM2 answer [0, 0, 0, 0]."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    want = llama.load(path, sha256=None).forward([0, 1, 2])
+    folder = _copy_folder(cache_dir)
+    victim = folder / "blk.0.ffn_up.weight.npy"
+    if damage == "overwrite 4 KiB":
+        with open(victim, "r+b") as f:
+            f.seek(128)
+            f.write(b"\0" * min(4096, victim.stat().st_size - 128))
+    elif damage == "empty file":
+        victim.write_bytes(b"")
+    elif damage == "missing file":
+        victim.unlink()
+    else:
+        (folder / "manifest.json").write_text("{not json")
+    capsys.readouterr()
+    model = llama.load(path, sha256=None)
+    said = capsys.readouterr().out
+    assert said.count("\n") == 1 and "damaged" in said and "rebuilding" in said, said
+    np.testing.assert_array_equal(model.forward([0, 1, 2]), want)
+    capsys.readouterr()
+    llama.load(path, sha256=None)
+    assert capsys.readouterr().out == ""  # rebuilt once, intact since
+
+
+def test_the_checksums_catch_a_change_the_sizes_cannot(tmp_path):
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    f = gguf_file.read(path)
+    from kvlesson import layout
+    folder = tmp_path / "copy.f32"
+    f32cache.save(folder, f.config, layout.matmul_weights(f.tensors), f.tokenizer, f.chat_template)
+    f32cache.load(folder)
+    victim = folder / "output_norm.weight.npy"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0x40  # one flipped bit in the last float
+    victim.write_bytes(bytes(data))
+    with pytest.raises(f32cache.Damaged, match="fails its CRC-32"):
+        f32cache.load(folder)
+
+
+def test_a_cache_path_that_is_a_plain_file_leaves_no_debris(tmp_path, cache_dir, capsys):
+    """The parent of the copy is a plain file: nothing can be saved, and nothing half-saved may stay behind."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    cache_dir.parent.mkdir(exist_ok=True)
+    cache_dir.write_text("not a folder")
+    model = llama.load(path, sha256=None)
+    assert "could not keep a float32 copy" in capsys.readouterr().out
+    assert model.generate([0, 1], 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "tiny.gguf"]
+
+
+def test_losing_the_rename_race_keeps_the_winner_and_removes_the_loser(tmp_path, cache_dir, monkeypatch, capsys):
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    llama.load(path, sha256=None)
+    folder = _copy_folder(cache_dir)
+    real_replace = os.replace
+
+    def racing_replace(src, dst):
+        if str(dst) == str(folder):  # another process renamed its copy into place just before us
+            folder.mkdir()
+            (folder / "manifest.json").write_text("{}")  # theirs
+        return real_replace(src, dst)
+
+    import shutil
+    shutil.rmtree(folder)
+    monkeypatch.setattr(os, "replace", racing_replace)
+    capsys.readouterr()
+    llama.load(path, sha256=None)
+    assert (folder / "manifest.json").read_text() == "{}" and capsys.readouterr().out == ""
+    assert not list(cache_dir.glob(".f32-*")), "the loser's temporary folder was left behind"
+
+
+def test_a_read_only_cache_folder_falls_back_to_the_gguf(tmp_path, cache_dir, capsys, monkeypatch):
+    """Writing the copy raises PermissionError (a read-only or foreign folder): the model still loads."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(cache_dir))
+
+    monkeypatch.setattr(f32cache.tempfile, "mkdtemp", refuse)
+    model = llama.load(path, sha256=None)
+    said = capsys.readouterr().out
+    assert "could not keep a float32 copy" in said and "Permission denied" in said
+    assert model.generate([0, 1], 2)
+
+
+def test_an_unreadable_copy_falls_back_to_the_gguf(tmp_path, cache_dir, capsys, monkeypatch):
+    """A copy in a folder another user owns raises PermissionError on read: load from the GGUF, and say so."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    llama.load(path, sha256=None)
+
+    def refuse(folder):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(f32cache, "load", refuse)
+    capsys.readouterr()
+    model = llama.load(path, sha256=None)
+    assert "cannot read the float32 copy" in capsys.readouterr().out
+    assert model.generate([0, 1], 2)
+
+
+def test_a_wrong_checksum_copy_of_our_own_says_one_thing(cache_dir, monkeypatch, capsys):
+    target = cache_dir / fetch.FILENAME
+    cache_dir.mkdir(parents=True)
+    target.write_bytes(b"\0" * fetch.SIZE)
+
+    def fake_fetch(where):
+        return "fetched"
+
+    monkeypatch.setattr(fetch, "fetch", fake_fetch)
+    assert fetch.model_file() == (target, "fetched")
+    said = capsys.readouterr().out
+    assert "fails its checksum" in said and "Fetching a fresh copy" in said and "Delete it" not in said

@@ -1,0 +1,36 @@
+"""The developer scripts run: the benchmark in its smallest form, and the reference comparison says what it needs."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+@pytest.fixture
+def scripts_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+
+
+def test_the_benchmark_runs_and_prints_its_table(scripts_on_path, capsys):
+    """`python scripts/bench.py` in its smallest form: one round, two steps, one context, no transformers."""
+    import bench
+
+    from kvlesson import llama
+    model = llama.load()
+    assert bench.decode_bytes(model) == 4 * sum(a.size for n, a in model.weights.items() if n != "token_embd.weight")
+    bench.main(["--rounds", "1", "--steps", "2", "--contexts", "8", "--no-transformers"])
+    out = capsys.readouterr().out
+    assert "| kvlesson decode step |" in out and "of the floor" in out and "| 8 |" in out
+    assert out.count("| rows of [") == 8  # every matrix shape, with the memory order the loader keeps
+
+
+def test_compare_hf_says_what_it_needs_without_transformers():
+    try:
+        import transformers  # noqa: F401
+        pytest.skip("transformers is installed here; the script would run the full comparison")
+    except ImportError:
+        pass
+    run = subprocess.run([sys.executable, str(SCRIPTS / "compare_hf.py")], capture_output=True, text=True)
+    assert run.returncode == 2 and "requirements-reference.txt" in run.stderr
