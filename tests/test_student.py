@@ -155,3 +155,75 @@ def test_every_lesson_makes_a_student_copy_that_still_parses(tmp_path):
                 markers = [line for line in cell.source.split("\n") if line.strip() in (BEGIN, END)]
                 assert not markers, f"{path.name}, cell {n}"
                 compile(to_python(cell.source), f"{path.name}, cell {n}", "exec")
+
+
+# ---- a learner's work is never overwritten
+
+
+def _one_lesson(src):
+    src.mkdir(exist_ok=True)
+    nbformat.write(lesson(("code", EXERCISE, None)), src / "01_a.ipynb")
+
+
+def test_running_again_over_a_learners_copies_refuses_and_keeps_their_work(tmp_path, capsys):
+    """Before --force existed, a second run silently replaced edited copies and exited 0."""
+    src, dest = tmp_path / "notebooks", tmp_path / "student"
+    _one_lesson(src)
+    assert main([str(src), str(dest)]) == 0
+    edited = nbformat.read(dest / "01_a.ipynb", as_version=4)
+    edited.cells[0].source = "def softmax(s):\n    return 'my own work'"
+    nbformat.write(edited, dest / "01_a.ipynb")
+    capsys.readouterr()
+    assert main([str(src), str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert "01_a.ipynb already exist" in err and "--force" in err and "nothing was written" in err
+    assert "my own work" in nbformat.read(dest / "01_a.ipynb", as_version=4).cells[0].source
+    assert main([str(src), str(dest), "--force"]) == 0
+    assert "my own work" not in nbformat.read(dest / "01_a.ipynb", as_version=4).cells[0].source
+
+
+def test_never_writes_into_the_folder_it_reads(tmp_path):
+    src = tmp_path / "notebooks"
+    _one_lesson(src)
+    for dest in (src, src / "student", src / "." / "deeper" / "student"):
+        with pytest.raises(ValueError, match="into .*the folder of solutions it reads"):
+            write_student_copies(src, dest, force=True)
+    assert sorted(p.name for p in src.iterdir()) == ["01_a.ipynb"]
+
+
+def test_a_file_that_is_not_a_notebook_is_named(tmp_path, capsys):
+    src = tmp_path / "notebooks"
+    _one_lesson(src)
+    (src / "02_broken.ipynb").write_text("{ this is not json")
+    assert main([str(src), str(tmp_path / "student")]) == 1
+    assert "02_broken.ipynb: not a notebook nbformat can read" in capsys.readouterr().err
+    assert not (tmp_path / "student").exists()
+
+
+def test_an_unwritable_destination_is_a_message_not_a_traceback(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "notebooks"
+    _one_lesson(src)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "student"))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    assert main([str(src), str(tmp_path / "student")]) == 1
+    err = capsys.readouterr().err
+    assert "could not write" in err and "Permission denied" in err
+
+
+def test_a_marker_inside_a_line_is_refused_not_cut():
+    """nbgrader would treat this line as a marker and cut the code after it; the tool refuses it instead."""
+    with pytest.raises(ValueError, match="line 2: a solution marker must stand alone"):
+        strip_solutions('x = 1\nprint("### BEGIN SOLUTION")\n', "01_a.ipynb, cell 0")
+
+
+def test_the_stripping_is_nbgraders_own():
+    from nbgrader.preprocessors import ClearSolutions
+
+    cell = nbformat.v4.new_code_cell(EXERCISE)
+    ClearSolutions(enforce_metadata=False, code_stub={"python": 'raise NotImplementedError("your turn")'},
+                   begin_solution_delimeter=BEGIN, end_solution_delimeter=END).preprocess_cell(
+        cell, {"language": "python"}, 0)
+    assert strip_solutions(EXERCISE) == (cell.source, 1)
