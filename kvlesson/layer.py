@@ -25,6 +25,17 @@ def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleav
     q = (x @ Wq).reshape(T, H, d).transpose(1, 0, 2)  # [H, T, d]
     k = (x @ Wk).reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
     v = (x @ Wv).reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
+    return attend(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
+
+
+def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
+    """[H, T, d] new queries, [Hkv, T, d] new keys and values -> [T, H*d]: the second half of step.
+
+    Rotates q and k at their absolute positions len(cache) + i, appends k and v to the cache, and attends the
+    new queries over everything the cache hands back. step calls it after its three projections; a fused
+    path that projects q, k and v in one product (kvlesson.fused) calls it too.
+    """
+    H, T, d = q.shape
     if rope_base is not None:
         positions = np.arange(len(cache), len(cache) + T)  # absolute: S - T + i after the append
         q = apply_rope(q, positions, rope_base, interleaved=interleaved)

@@ -17,7 +17,7 @@ import operator
 
 import numpy as np
 
-from kvlesson import f32cache, fetch, gguf_file, layout, tokenizer, validate
+from kvlesson import f32cache, fetch, fused, gguf_file, layout, tokenizer, validate
 from kvlesson import model as _model
 from kvlesson.fetch import ModelFileError  # noqa: F401  raised by load(); importable from here
 
@@ -25,9 +25,16 @@ from kvlesson.fetch import ModelFileError  # noqa: F401  raised by load(); impor
 class Model:
     """A config, a dict of float32 weights and a tokenizer; the computation is kvlesson.model.forward."""
 
+    _forward = staticmethod(_model.forward)  # the forward pass the lessons teach
+
     def __init__(self, config, weights, tokenizer, chat_template=None):
         self.config, self.weights, self.tokenizer = config, weights, tokenizer
         self.chat_template = chat_template  # the Jinja template stored in the file, for reference
+
+    def fused(self):
+        """The same model with Q/K/V and gate/up fused into one product each (kvlesson.fused): same logits up to
+        float32 summation order, faster decoding. Costs a copy of those weights (about 280 MB for SmolLM2)."""
+        return FusedModel(self.config, fused.fuse(self.config, self.weights), self.tokenizer, self.chat_template)
 
     def new_cache(self, capacity=None, static=True):
         """One empty cache per layer: float32 StaticKVCache of `capacity` positions (default config.max_len).
@@ -54,7 +61,7 @@ class Model:
         self._check_caches(caches, len(ids))
         if not ids:
             return np.zeros((0, self.config.vocab), np.float32)
-        return _model.forward(self.config, self.weights, ids, caches)
+        return self._forward(self.config, self.weights, ids, caches)
 
     def generate(self, ids, max_new_tokens, use_cache=True):
         """Greedy decoding -> the max_new_tokens new token ids (the prompt is not repeated).
@@ -70,7 +77,7 @@ class Model:
                              "positions")
         if n == 0:
             return []
-        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache)
+        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, forward=self._forward)
 
     def chat_prompt(self, user, system=None):
         """The ChatML text SmolLM2-Instruct was tuned on, written out by hand (the file's template renders the same).
@@ -107,6 +114,18 @@ class Model:
         c = self.config
         return (f"Model({c.n_layers} layers, D={c.D}, H={c.H}, Hkv={c.Hkv}, d={c.d}, hidden={c.hidden}, "
                 f"vocab={c.vocab}, rope_base={c.rope_base:g}, interleaved={c.rope_interleaved})")
+
+
+class FusedModel(Model):
+    """A Model whose forward pass is kvlesson.fused.forward; its weights hold the fused matrices."""
+
+    _forward = staticmethod(fused.forward)
+
+    def fused(self):
+        return self
+
+    def __repr__(self):
+        return "Fused" + super().__repr__()
 
 
 def load(path=None, *, sha256=fetch.SHA256, f32_cache=True):

@@ -50,12 +50,14 @@ def forward(cfg, w, ids, caches):
     return x @ w["output.weight"]  # [T, vocab]; tied models share token_embd, transposed
 
 
-def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32):
+def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32, forward=None):
     """Greedy decoding. Returns the new token ids only.
 
     With the cache, the prompt is prefilled once and each step feeds one token.
     Without it, each step re-runs the whole sequence through fresh caches (recompute).
+    `forward` defaults to this module's forward pass (kvlesson.fused passes its own).
     """
+    forward = forward or globals()["forward"]
     ids = [int(i) for i in ids]
     out = []
     caches = new_cache(cfg, dtype)

@@ -1,19 +1,43 @@
-"""How fast does kvlesson decode SmolLM2-135M, and against what? `python scripts/bench.py`
+"""How fast does kvlesson decode SmolLM2-135M, and against what?
+
+    python scripts/bench.py [--rounds 11] [--threads 2]          # numpy only
+    /path/to/reference-venv/bin/python scripts/bench.py            # adds transformers (requirements-reference.txt)
 
 Everything is measured side by side in one run, batch 1, float32, on the same 128-token prompt:
-  - kvlesson's decode step (one token onto its KV cache) against Hugging Face transformers decoding
-    with its own KV cache (PyTorch, CPU), when those are installed (requirements-reference.txt);
-  - against the memory-bandwidth floor: a decode step must stream every weight once, so it can take
-    no less than weight bytes / bandwidth, with the bandwidth measured on a large float32
-    matrix-vector product in the same run;
-  - cached against uncached generation at a few context lengths, against the FLOP ratio of lesson 02
-    (kvlesson.flops).
-A shared machine makes absolute times noisy, so the rounds interleave the contenders and the table
-reports medians over rounds of per-round ratios.
+  - kvlesson's decode step (one token onto its KV cache), plain (kvlesson.model.forward, the pass the lessons
+    teach) and fused (kvlesson.fused: Q/K/V and gate/up in one product each);
+  - Hugging Face transformers decoding with its own KV cache (PyTorch, CPU), when it is installed;
+  - the memory-bandwidth floor: a decode step must stream every weight once, so it takes at least
+    weight bytes / bandwidth, with the bandwidth measured on a large float32 matrix-vector product in the
+    same round;
+  - cached against uncached generation at a few context lengths, against the FLOP ratio of lesson 02.
+Both libraries get the same number of threads (--threads, default: every core), and the table says how many.
+A shared machine makes single timings noisy, so the contenders take turns within each round, each round
+reports the median of its steps, and the table gives the median over rounds with the min .. max spread.
+A round in which any contender took more than STALL times its own median is flagged as stalled and left out
+of the spread (it is listed, never quoted as the result).
 """
+# ruff: noqa: E402  (the imports below must wait until the thread count is in the environment)
+import os
+import sys
+
+
+def _threads_from_argv(argv):
+    """--threads must reach OpenBLAS before numpy loads, so it is read here, ahead of argparse."""
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return str(os.cpu_count())
+
+
+if __name__ == "__main__":
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = _threads_from_argv(sys.argv[1:])
+
 import argparse
 import datetime
-import os
 import platform
 import statistics
 import time
@@ -140,55 +164,78 @@ def cached_vs_uncached(model, ids, context, repeats=3):
     return statistics.median(cached), time.perf_counter() - t
 
 
+STALL = 1.5  # a round slower than this times the contender's median is flagged
+
+
+def rounds_table(rows, names):
+    """rows: per round {name: seconds}. -> (median per name, rounds flagged as stalled)."""
+    med = {n: statistics.median(r[n] for r in rows) for n in names}
+    stalled = [i for i, r in enumerate(rows) if any(r[n] > STALL * med[n] for n in names)]
+    return med, stalled
+
+
+def spread(values):
+    return f"{min(values):.2f} .. {max(values):.2f}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="kvlesson decode speed, side by side")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens before decoding")
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed per round")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for numpy's BLAS and for torch")
     ap.add_argument("--contexts", type=int, nargs="*", default=[32, 128, 512], help="for cached vs uncached")
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers column")
     args = ap.parse_args(argv)
 
     model = llama.load()
-    name = text_name
+    fast = model.fused()
     ids = model.tokenizer.encode(long_text())
     prompt = ids[: args.prompt]
-    ref = None if args.no_transformers else hf_reference.load()
+    ref = None if args.no_transformers else hf_reference.load(threads=args.threads)
     nbytes = decode_bytes(model)
+    blas = os.environ.get("OPENBLAS_NUM_THREADS", "(numpy's default)")
 
-    rows = []  # per round: kvlesson s, floor s, transformers s, bandwidth, bare matvecs s
+    names = ["plain", "fused", "floor", "bare"] + (["transformers"] if ref else [])
+    rows = []
     for r in range(args.rounds):
         settle()
         bw = matvec_bandwidth()
-        bare = matvecs_only(model)
-        ours = kvlesson_decode(model, prompt, args.steps)
-        settle()
-        theirs = transformers_decode(ref[0], prompt, args.steps) if ref else float("nan")
-        rows.append((ours, nbytes / bw, theirs, bw, bare))
-        print(f"round {r + 1}: kvlesson {ours * 1e3:.1f} ms/token, floor {nbytes / bw * 1e3:.1f} ms "
-              f"({bw / 1e9:.1f} GB/s), bare matvecs {bare * 1e3:.1f} ms, transformers {theirs * 1e3:.1f} ms/token",
-              flush=True)
+        row = {"floor": nbytes / bw, "bare": matvecs_only(model),
+               "plain": kvlesson_decode(model, prompt, args.steps), "fused": kvlesson_decode(fast, prompt, args.steps)}
+        if ref:
+            settle()
+            row["transformers"] = transformers_decode(ref[0], prompt, args.steps)
+        rows.append(row)
+        print(f"round {r + 1:2d}: " + ", ".join(f"{n} {row[n] * 1e3:.1f} ms" for n in names), flush=True)
 
-    speedup = [r[2] / r[0] for r in rows]
-    of_floor = [r[1] / r[0] for r in rows]
-    bare_of_floor = [r[1] / r[4] for r in rows]
-    med = statistics.median
-    print(f"\n### kvlesson decode benchmark, {datetime.date.today()}, {os.cpu_count()} cores "
+    med, stalled = rounds_table(rows, names)
+    quiet = [row for i, row in enumerate(rows) if i not in stalled] or rows
+    of_floor = {n: [row["floor"] / row[n] for row in quiet] for n in ("plain", "fused", "bare")}
+    print(f"\n#### kvlesson decode benchmark, {datetime.date.today()}, {os.cpu_count()} cores "
           f"({platform.machine()}), numpy {np.__version__}" + (f", {ref[2]}" if ref else ""))
-    print(f"\nSmolLM2-135M-Instruct, float32, batch 1, {args.prompt}-token prompt ({name}), "
-          f"{args.rounds} interleaved rounds of {args.steps} decode steps; medians over rounds.\n")
-    print("| measure | this run | ratio (min .. max over rounds) |")
+    print(f"\nSmolLM2-135M-Instruct, float32, batch 1, {args.prompt}-token prompt ({text_name}), {args.rounds} "
+          f"interleaved rounds of {args.steps} decode steps; {args.threads} threads for each library (OpenBLAS "
+          f"{blas}); medians over rounds, spread over the {len(quiet)} rounds that did not stall.\n")
+    if stalled:
+        print(f"Stalled rounds, left out of the spread: {', '.join(str(i + 1) for i in stalled)} "
+              f"(a contender took more than {STALL}x its median).\n")
+    print("| measure | median | ratio (min .. max over rounds) |")
     print("|---|---|---|")
-    print(f"| kvlesson decode step | {med(r[0] for r in rows) * 1e3:.1f} ms | |")
+    print(f"| bandwidth floor: {nbytes / 1e6:.0f} MB of weights / measured GB/s (8192 x 8192 matvec) | "
+          f"{med['floor'] * 1e3:.1f} ms | |")
+    for n, label in (("plain", "kvlesson decode step, plain (the lessons' forward pass)"),
+                     ("fused", "kvlesson decode step, fused Q/K/V and gate/up"),
+                     ("bare", f"the plain step's {sum(a.ndim == 2 for a in model.weights.values()) - 1} "
+                              "matrix-vector products alone, back to back")):
+        f = of_floor[n]
+        print(f"| {label} | {med[n] * 1e3:.1f} ms | {statistics.median(f):.0%} of the floor "
+              f"({min(f):.0%} .. {max(f):.0%}) |")
     if ref:
-        print(f"| transformers decode step (own KV cache) | {med(r[2] for r in rows) * 1e3:.1f} ms | kvlesson "
-              f"{med(speedup):.2f}x faster ({min(speedup):.2f} .. {max(speedup):.2f}) |")
-    print(f"| bandwidth floor: {nbytes / 1e6:.0f} MB of weights / {med(r[3] for r in rows) / 1e9:.1f} GB/s "
-          f"(8192 x 8192 matvec) | {med(r[1] for r in rows) * 1e3:.1f} ms | kvlesson at {med(of_floor):.0%} of the "
-          f"floor ({min(of_floor):.0%} .. {max(of_floor):.0%}) |")
-    print(f"| the step's {sum(a.ndim == 2 for a in model.weights.values()) - 1} matrix-vector products alone, back to "
-          f"back | {med(r[4] for r in rows) * 1e3:.1f} ms | at {med(bare_of_floor):.0%} of the floor "
-          f"({min(bare_of_floor):.0%} .. {max(bare_of_floor):.0%}) |")
+        for n in ("plain", "fused"):
+            ratio = [row["transformers"] / row[n] for row in quiet]
+            print(f"| transformers decode step (own KV cache) vs kvlesson {n} | {med['transformers'] * 1e3:.1f} ms | "
+                  f"kvlesson {statistics.median(ratio):.2f}x faster ({spread(ratio)}) |")
 
     print("\n| context P | cached step | uncached step (P + 1 tokens) | measured speed-up | FLOP ratio, lesson 02 |")
     print("|---|---|---|---|---|")
