@@ -58,15 +58,9 @@ def caches(c, dtype=np.float64):
         yield WindowKVCache(c["Hkv"], c["d"], c["window"], dtype)
 
 
-@given(layers(windowed=False))
+@given(st.booleans().flatmap(lambda windowed: layers(windowed=windowed)))
 def test_every_cache_and_chunking_equals_full_pass(c):
-    want = reference(c)
-    for cache in caches(c):
-        np.testing.assert_allclose(run_chunks(c, cache), want, rtol=0, atol=1e-12)
-
-
-@given(layers(windowed=True))
-def test_windowed_paths_equal_full_pass(c):
+    """With and without a window: KVCache, StaticKVCache and (windowed) WindowKVCache, in float64."""
     want = reference(c)
     for cache in caches(c):
         np.testing.assert_allclose(run_chunks(c, cache), want, rtol=0, atol=1e-12)
