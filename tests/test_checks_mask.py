@@ -1,9 +1,16 @@
-"""The lesson 04 checkers pass right answers and name each classic wrong one."""
+"""The lesson 04 checkers pass right answers and reject each wrong one with its own hint.
+
+Each row of a wrong-answer table is a plausible learner answer, the words its verdict must contain, and
+(in the docstring of the function) why it is wrong. Junk answers (None, text, ragged lists, functions that
+raise) are fuzzed for every checker in test_checks_junk.py.
+"""
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from kvlesson import causal_mask
-from kvlesson.checks import check_offset_mask, check_visible_counts, check_windowed_mask
+from kvlesson.checks import check_offset_mask, check_visible_counts
 
 # ---------------------------------------------------------------------------------------------- offset mask
 
@@ -16,6 +23,14 @@ def offset_tril_k(T, S):
     return np.tril(np.ones((T, S), dtype=bool), k=S - T)
 
 
+def offset_by_loops(T, S):
+    mask = np.zeros((T, S), bool)
+    for i in range(T):
+        for j in range(S):
+            mask[i, j] = j <= S - T + i
+    return mask
+
+
 def offset_top_left(T, S):
     """The bug the lesson is about: np.tril anchors the diagonal at the top left."""
     return np.tril(np.ones((T, S)))
@@ -23,6 +38,11 @@ def offset_top_left(T, S):
 
 def offset_top_left_bool(T, S):
     return np.tril(np.ones((T, S), dtype=bool))
+
+
+def offset_T_as_offset(T, S):
+    """With T = 3, S = 7 this equals the strict mask (j <= 3 + i either way); only other shapes tell them apart."""
+    return np.tril(np.ones((T, S), bool), k=T)
 
 
 def offset_strict(T, S):
@@ -37,12 +57,27 @@ def offset_flipped(T, S):
     return np.arange(S) >= np.arange(S - T, S)[:, None]
 
 
+def offset_everything(T, S):
+    """Right for decode (T = 1) only."""
+    return np.ones((T, S), bool)
+
+
 def offset_transposed(T, S):
     return offset_right(T, S).T
 
 
+def offset_transposed_when_square(T, S):
+    """When T == S a transposed mask has the right shape, so only its values give it away."""
+    return causal_mask(T, S).T if T == S else causal_mask(T, S)
+
+
 def offset_float(T, S):
     return np.tril(np.ones((T, S)), k=S - T)
+
+
+def offset_additive(T, S):
+    """0 where visible, -inf where hidden: what gets added to the scores, not the mask the exercise asks for."""
+    return np.where(causal_mask(T, S), 0.0, -np.inf)
 
 
 def offset_by_rows(T, S):
@@ -61,150 +96,185 @@ def offset_decode_only_hack(T, S):
     return np.ones((1, S), bool) if T == 1 else np.tril(np.ones((T, S), bool))
 
 
+def offset_one_odd_cell(T, S):
+    """No known slip: the fallback hint and the counts must still name the query and the key."""
+    mask = causal_mask(T, S).copy()
+    if T > 1:
+        mask[-1, 0] = False
+    return mask
+
+
+def offset_two_arguments_swapped(S, T):
+    return causal_mask(T, S)
+
+
 def test_offset_passes_right_answers():
-    for fn in (offset_right, offset_tril_k, causal_mask):
+    for fn in (offset_right, offset_tril_k, offset_by_loops, causal_mask):
         verdict = check_offset_mask(fn)
         assert verdict, verdict.message
         assert verdict.message.startswith("PASS")
 
 
-@pytest.mark.parametrize("fn, words", [
+OFFSET_WRONG = [
     (offset_top_left, ["T=3, S=7", "the first query (at position 4) sees 1 key; it should see 5", "top left"]),
     (offset_top_left_bool, ["sees 1 key; it should see 5", "k=S - T"]),
     (offset_decode_only_hack, ["T=3, S=7", "sees 1 key; it should see 5", "top left"]),
+    (offset_T_as_offset, ["T=3, S=7", "sees 4 keys; it should see 5", "not T"]),
     (offset_strict, ["sees 4 keys; it should see 5", "key 4 is missing", "not <"]),
     (offset_one_ahead, ["sees 6 keys; it should see 5", "key 5 is in its future", "S - T + i + 1"]),
     (offset_flipped, ["sees 3 keys; it should see 5", "wrong way"]),
+    (offset_everything, ["sees 7 keys; it should see 5", "see their future"]),
     (offset_transposed, ["shape (7, 3); expected (3, 7)", "[T, S], not [S, T]"]),
+    (offset_transposed_when_square, ["T=4, S=4", "transpose of the right one"]),
     (offset_float, ["float64; expected bool", "dtype=bool"]),
+    (offset_additive, ["-inf", "additive mask", "boolean mask itself"]),
     (offset_by_rows, ["T=0, S=5 (no new tokens)", "shape (0,); expected (0, 5)", "S columns"]),
-    (offset_crashes_on_empty, ["T=0, S=5", "raised IndexError"]),
-])
-def test_offset_names_the_mistake(fn, words):
+    (offset_crashes_on_empty, ["T=0, S=5", "raised IndexError", "empty [0, S] array"]),
+    (offset_one_odd_cell, ["query 2 (at position 6) sees 6 keys; it should see 7", "key 0 is missing",
+                           "j <= S - T + i"]),
+    (offset_two_arguments_swapped, ["T=3, S=7", "raised ValueError"]),
+]
+
+
+@pytest.mark.parametrize("fn, words", OFFSET_WRONG, ids=[f.__name__ for f, _ in OFFSET_WRONG])
+def test_offset_rejects_each_wrong_answer_with_its_hint(fn, words):
     verdict = check_offset_mask(fn)
-    assert not verdict
+    assert not verdict and not verdict.stub
     for w in words:
         assert w in verdict.message, (w, verdict.message)
 
 
-def test_offset_transposed_square_is_caught_as_transposed():
-    """When T == S a transposed mask has the right shape, so only its values give it away."""
-    def transposed_only_when_square(T, S):
-        return causal_mask(T, S).T if T == S else causal_mask(T, S)
-
-    verdict = check_offset_mask(transposed_only_when_square)
-    assert not verdict and "T=4, S=4" in verdict.message and "transpose of the right one" in verdict.message
+def test_T_as_the_offset_is_not_told_to_use_less_or_equal():
+    """The old checker matched one case only, where k=T equals the strict mask, and said 'use <= not <'."""
+    assert "not <" not in check_offset_mask(offset_T_as_offset).hint
 
 
-def test_offset_reports_not_implemented_kindly():
+def test_offset_stub_gets_the_stub_verdict():
     def stub(T, S):
-        raise NotImplementedError
+        raise NotImplementedError("your turn")
 
     verdict = check_offset_mask(stub)
-    assert not verdict and "still raises NotImplementedError" in verdict.message
-    assert "replace the `raise NotImplementedError` line" in verdict.message
+    assert not verdict and verdict.stub and "still raises NotImplementedError" in verdict.message
 
-
-def test_offset_catches_unknown_mistakes_with_a_count():
-    def odd(T, S):
-        mask = causal_mask(T, S).copy()
-        mask[-1, 0] = False if T > 1 else mask[-1, 0]
-        return mask
-
-    verdict = check_offset_mask(odd)
-    assert not verdict and "query 2 (at position 6) sees 6 keys; it should see 7" in verdict.message
-    assert "key 0 is missing" in verdict.message
-
-# ---------------------------------------------------------------------------------------------- windowed mask
-
-
-def window_right(T, S, W):
-    p = np.arange(S - T, S)[:, None]  # [T, 1]
-    j = np.arange(S)
-    return (j <= p) & (j > p - W)
-
-
-def window_as_difference_of_trils(T, S, W):
-    ones = np.ones((T, S), dtype=bool)
-    return np.tril(ones, k=S - T) & ~np.tril(ones, k=S - T - W)
-
-
-def window_ignored(T, S, W):
-    return causal_mask(T, S)
-
-
-def window_top_left(T, S, W):
-    i, j = np.arange(T)[:, None], np.arange(S)
-    return (j <= i) & (j > i - W)
-
-
-def window_one_too_wide(T, S, W):
-    p = np.arange(S - T, S)[:, None]
-    j = np.arange(S)
-    return (j <= p) & (j >= p - W)
-
-
-def window_one_too_narrow(T, S, W):
-    p = np.arange(S - T, S)[:, None]
-    j = np.arange(S)
-    return (j <= p) & (j > p - W + 1)
-
-
-def window_no_causal_bound(T, S, W):
-    return np.arange(S) > np.arange(S - T, S)[:, None] - W
-
-
-def window_float(T, S, W):
-    return window_right(T, S, W).astype(np.float32)
-
-
-def test_window_passes_right_answers():
-    for fn in (window_right, window_as_difference_of_trils, lambda T, S, W: causal_mask(T, S, window=W)):
-        verdict = check_windowed_mask(fn)
-        assert verdict, verdict.message
-
-
-@pytest.mark.parametrize("fn, words", [
-    (window_ignored, ["T=3, S=7, W=3", "sees 5 keys; it should see 3", "keys 0..1 are outside its window",
-                      "window is missing"]),
-    (window_top_left, ["sees 1 key; it should see 3", "top left"]),
-    (window_one_too_wide, ["sees 4 keys; it should see 3", "not >=", "not 4"]),
-    (window_one_too_narrow, ["sees 2 keys; it should see 3", "not 2"]),
-    (window_no_causal_bound, ["sees 5 keys; it should see 3", "in its future", "causal bound is missing"]),
-    (window_float, ["float32; expected bool"]),
-])
-def test_window_names_the_mistake(fn, words):
-    verdict = check_windowed_mask(fn)
-    assert not verdict
-    for w in words:
-        assert w in verdict.message, (w, verdict.message)
 
 # ---------------------------------------------------------------------------------------------- visible counts
 
 
-def counts_right(T, S):
+def counts_right(T, S, window=None):
+    n = np.arange(S - T, S) + 1  # query i at S - T + i sees keys 0 .. S - T + i
+    return n if window is None else np.minimum(n, window)
+
+
+def counts_by_list(T, S, window=None):
+    return np.array([min(S - T + i + 1, window or S) for i in range(T)], dtype=int)
+
+
+def counts_from_mask(T, S, window=None):
+    """Right numbers, but it builds the [T, S] mask the exercise says not to build."""
+    return causal_mask(T, S, window).sum(axis=1)
+
+
+def counts_from_a_long_arange(T, S, window=None):
+    """Right numbers, but np.arange(S) is as long as the cache."""
+    n = np.arange(S)[S - T:] + 1
+    return n if window is None else np.minimum(n, window)
+
+
+def counts_top_left(T, S, window=None):
+    n = np.arange(T) + 1
+    return n if window is None else np.minimum(n, window)
+
+
+def counts_T_as_offset(T, S, window=None):
+    n = np.arange(T, 2 * T) + 1
+    return n if window is None else np.minimum(n, window)
+
+
+def counts_without_itself(T, S, window=None):
+    n = np.arange(S - T, S)
+    return n if window is None else np.minimum(n, window)
+
+
+def counts_window_ignored(T, S, window=None):
     return np.arange(S - T, S) + 1
 
 
-def counts_from_mask(T, S):
-    return causal_mask(T, S).sum(axis=1)
+def counts_window_plus_one(T, S, window=None):
+    n = np.arange(S - T, S) + 1
+    return n if window is None else np.minimum(n, window + 1)
+
+
+def counts_window_minus_one(T, S, window=None):
+    n = np.arange(S - T, S) + 1
+    return n if window is None else np.minimum(n, window - 1)
+
+
+def counts_all_S(T, S, window=None):
+    return np.full(T, S)
+
+
+def counts_float(T, S, window=None):
+    return counts_right(T, S, window).astype(float)
+
+
+def counts_no_window_argument(T, S):
+    return np.arange(S - T, S) + 1
+
+
+def counts_always_capped(T, S, window=None):
+    """np.minimum(..., None) raises TypeError: the no-window case needs its own branch."""
+    return np.minimum(np.arange(S - T, S) + 1, window)
+
+
+def counts_mask_returned(T, S, window=None):
+    return causal_mask(T, S, window)
 
 
 def test_counts_pass_right_answers():
-    for fn in (counts_right, counts_from_mask):
+    for fn in (counts_right, counts_by_list):
         verdict = check_visible_counts(fn)
         assert verdict, verdict.message
 
 
-@pytest.mark.parametrize("fn, words", [
-    (lambda T, S: np.arange(T) + 1, ["T=3, S=7", "query 0 (at position 4) gets 1; it should see 5", "top left"]),
-    (lambda T, S: np.arange(S - T, S), ["gets 4; it should see 5", "also sees itself"]),
-    (lambda T, S: causal_mask(T, S), ["returned a [T, S] array", "shape [T]"]),
-    (lambda T, S: (np.arange(S - T, S) + 1).astype(float), ["float64; expected integers"]),
-    (lambda T, S: np.full(T, S), ["gets 7; it should see 5", "up to and including"]),
-])
-def test_counts_name_the_mistake(fn, words):
+COUNTS_WRONG = [
+    (counts_from_mask, ["T=4, S=2,000,000", "MiB at its peak", "built the mask", "S - T + i + 1"]),
+    (counts_from_a_long_arange, ["T=4, S=2,000,000", "an array as long as S"]),
+    (counts_top_left, ["T=3, S=7", "query 0 (at position 4) gets 1; it should see 5", "top left"]),
+    (counts_T_as_offset, ["T=3, S=7", "gets 4; it should see 5", "not T"]),
+    (counts_without_itself, ["gets 4; it should see 5", "also sees itself"]),
+    (counts_window_ignored, ["T=3, S=7, W=3", "gets 5; it should see 3", "min(S - T + i + 1, W)"]),
+    (counts_window_plus_one, ["T=3, S=7, W=3", "gets 4; it should see 3", "not W + 1"]),
+    (counts_window_minus_one, ["T=3, S=7, W=3", "gets 2; it should see 3", "not W - 1"]),
+    (counts_all_S, ["gets 7; it should see 5", "up to and including"]),
+    (counts_float, ["float64; expected integers"]),
+    (counts_no_window_argument, ["T=3, S=7, W=3", "raised TypeError", "window=None"]),
+    (counts_mask_returned, ["returned a [T, S] array", "shape [T]"]),
+    (counts_always_capped, ["T=3, S=7", "raised TypeError", "window is None"]),
+]
+
+
+@pytest.mark.parametrize("fn, words", COUNTS_WRONG, ids=[f.__name__ for f, _ in COUNTS_WRONG])
+def test_counts_reject_each_wrong_answer_with_its_hint(fn, words):
     verdict = check_visible_counts(fn)
-    assert not verdict
+    assert not verdict and not verdict.stub
     for w in words:
         assert w in verdict.message, (w, verdict.message)
+
+
+def test_counts_memory_check_leaves_an_outside_trace_running():
+    """A learner (or a test) already tracing memory keeps its trace after the check."""
+    tracemalloc.start()
+    try:
+        assert check_visible_counts(counts_right)
+        assert not check_visible_counts(counts_from_mask)
+        assert tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()
+
+
+def test_counts_stub_gets_the_stub_verdict():
+    def stub(T, S, window=None):
+        raise NotImplementedError("your turn")
+
+    verdict = check_visible_counts(stub)
+    assert not verdict and verdict.stub

@@ -1,42 +1,121 @@
-"""The lesson 07 checkers pass kvlesson's own answers and name each typical mistake."""
+"""The lesson 07 checkers pass right answers and reject each wrong one with its own hint.
+
+check_window_mask is the one window-mask checker of the series (lesson 04 previews the bound, lesson 07's
+exercise writes it). check_window_cache is fed caches with one classic bug each. Junk answers are fuzzed for
+every checker in test_checks_junk.py.
+"""
 import numpy as np
 import pytest
 
-from kvlesson import KVCache, WindowKVCache, causal_mask
+from kvlesson import KVCache, WindowKVCache, attention, causal_mask
 from kvlesson.checks import check_window_cache, check_window_mask
+
+# ---------------------------------------------------------------------------------------------- window mask
 
 
 def positions(T, S):
     return np.arange(S - T, S)[:, None], np.arange(S)[None, :]  # [T, 1] query positions, [1, S] key positions
 
 
-def test_window_mask_checker_passes_the_package():
-    assert check_window_mask(causal_mask)
+def window_right(T, S, W):
+    p, j = positions(T, S)
+    return (j <= p) & (j > p - W)
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda T, S, W: (positions(T, S)[1] <= positions(T, S)[0]) & (positions(T, S)[1] >= positions(T, S)[0] - W),
-     "W + 1 keys"),
-    (lambda T, S, W: (positions(T, S)[1] <= positions(T, S)[0]) & (positions(T, S)[1] > positions(T, S)[0] - W + 1),
-     "W - 1 keys"),
-    (lambda T, S, W: np.tril(np.ones((T, S), bool)) & ~np.tril(np.ones((T, S), bool), -W), "top left"),
-    (lambda T, S, W: (positions(T, S)[1] <= positions(T, S)[0]) & (np.arange(S)[None, :] > np.arange(T)[:, None] - W),
-     "lower bound misses the offset"),
-    (lambda T, S, W: causal_mask(T, S), "no lower bound"),
-    (lambda T, S, W: positions(T, S)[1] > positions(T, S)[0] - W, "causal bound"),
-    (lambda T, S, W: causal_mask(T, S, W).astype(int), "expected bool"),
-    (lambda T, S, W: causal_mask(S, S, W), "shape"),
-    (lambda T, S, W: None, "returned None"),
-])
-def test_window_mask_checker_names_the_mistake(wrong, hint):
-    verdict = check_window_mask(wrong)
-    assert not verdict
-    assert hint in repr(verdict), repr(verdict)
+def window_as_difference_of_trils(T, S, W):
+    ones = np.ones((T, S), dtype=bool)
+    return np.tril(ones, k=S - T) & ~np.tril(ones, k=S - T - W)
 
 
-def test_window_mask_checker_reports_the_first_wrong_row():
-    verdict = check_window_mask(lambda T, S, W: causal_mask(T, S, W + 1))
-    assert "T=3, S=7, window=3 query 0 (position 4) sees keys [1, 2, 3, 4]; it should see [2, 3, 4]" in repr(verdict)
+def window_ignored(T, S, W):
+    return causal_mask(T, S)
+
+
+def window_top_left(T, S, W):
+    return np.tril(np.ones((T, S), bool)) & ~np.tril(np.ones((T, S), bool), -W)
+
+
+def window_T_as_offset(T, S, W):
+    p, j = np.arange(T, 2 * T)[:, None], np.arange(S)[None, :]
+    return (j <= p) & (j > p - W)
+
+
+def window_lower_bound_without_offset(T, S, W):
+    p, j = positions(T, S)
+    return (j <= p) & (j > np.arange(T)[:, None] - W)
+
+
+def window_one_too_wide(T, S, W):
+    p, j = positions(T, S)
+    return (j <= p) & (j >= p - W)
+
+
+def window_one_too_narrow(T, S, W):
+    p, j = positions(T, S)
+    return (j <= p) & (j > p - W + 1)
+
+
+def window_no_causal_bound(T, S, W):
+    p, j = positions(T, S)
+    return j > p - W
+
+
+def window_strict_causal(T, S, W):
+    p, j = positions(T, S)
+    return (j < p) & (j > p - W)
+
+
+def window_last_W_keys(T, S, W):
+    """One window for the whole chunk: right for the newest query only."""
+    p, j = positions(T, S)
+    return (j <= p) & (j >= S - W)
+
+
+def window_int(T, S, W):
+    return causal_mask(T, S, W).astype(int)
+
+
+def window_square(T, S, W):
+    return causal_mask(S, S, W)
+
+
+def test_window_mask_passes_right_answers():
+    for fn in (window_right, window_as_difference_of_trils, causal_mask):
+        verdict = check_window_mask(fn)
+        assert verdict, verdict.message
+
+
+WINDOW_WRONG = [
+    (window_ignored, ["T=3, S=7, W=3", "sees 5 keys; it should see 3", "keys 0..1 are outside its window",
+                      "window is missing"]),
+    (window_top_left, ["sees 1 key; it should see 3", "top left"]),
+    (window_T_as_offset, ["sees keys 1..3; it should see keys 2..4", "not T"]),
+    (window_lower_bound_without_offset, ["lower bound misses the offset"]),
+    (window_one_too_wide, ["sees 4 keys; it should see 3", "W + 1 keys", "strict"]),
+    (window_one_too_narrow, ["sees 2 keys; it should see 3", "W - 1 keys"]),
+    (window_no_causal_bound, ["sees 5 keys; it should see 3", "in its future", "causal bound"]),
+    (window_strict_causal, ["sees 2 keys; it should see 3", "its own key", "not <"]),
+    (window_last_W_keys, ["T=3, S=7, W=3", "its own window"]),
+    (window_int, ["int64; expected bool"]),
+    (window_square, ["shape (7, 7); expected (3, 7)"]),
+    (lambda T, S, W: None, ["returned None"]),
+]
+
+
+@pytest.mark.parametrize("fn, words", WINDOW_WRONG, ids=[f.__name__ for f, _ in WINDOW_WRONG])
+def test_window_mask_rejects_each_wrong_answer_with_its_hint(fn, words):
+    verdict = check_window_mask(fn)
+    assert not verdict and not verdict.stub
+    for w in words:
+        assert w in verdict.message, (w, verdict.message)
+
+
+def test_window_mask_reports_the_first_wrong_row():
+    verdict = check_window_mask(window_one_too_wide)
+    assert "for T=3, S=7, W=3 the first query (at position 4) sees 4 keys; it should see 3" in verdict.message
+
+
+# ---------------------------------------------------------------------------------------------- ring cache
 
 
 class EvictFirst(WindowKVCache):
@@ -50,7 +129,7 @@ class EvictFirst(WindowKVCache):
     def append(self, k_new, v_new):
         self._seen += k_new.shape[1]
         K, V = self.store.append(k_new, v_new)
-        self.store.k, self.store.v = K[:, K.shape[1] - self.keep:], V[:, V.shape[1] - self.keep:]
+        self.store.k, self.store.v = K[:, max(K.shape[1] - self.keep, 0):], V[:, max(V.shape[1] - self.keep, 0):]
         return self.store.k, self.store.v
 
 
@@ -126,25 +205,107 @@ class NoNbytes:
         return len(self.inner)
 
 
-def test_window_cache_checker_passes_the_package():
+class NbytesMethod(WindowKVCache):
+    """nbytes as a plain method: cache.nbytes is then a bound method, not a number."""
+
+    def nbytes(self):
+        return self.k.nbytes + self.v.nbytes
+
+
+class NbytesRaises(WindowKVCache):
+    @property
+    def nbytes(self):
+        raise AttributeError("k")
+
+
+class NbytesZero(WindowKVCache):
+    """Holds the right slots but reports nothing held."""
+
+    @property
+    def nbytes(self):
+        return 0
+
+
+class NbytesText(WindowKVCache):
+    @property
+    def nbytes(self):
+        return f"{super().nbytes} bytes"
+
+
+class IgnoresDtype(WindowKVCache):
+    """Stores float64 whatever it is asked for, and hands back float64."""
+
+    def __init__(self, Hkv, d, window, dtype=np.float64):
+        super().__init__(Hkv, d, window, np.float64)
+
+    def append(self, k_new, v_new):
+        return super().append(k_new.astype(np.float64), v_new.astype(np.float64))
+
+
+class NoDtypeArgument(WindowKVCache):
+    def __init__(self, Hkv, d, window):
+        super().__init__(Hkv, d, window, np.float32)
+
+
+class SwappedKV(WindowKVCache):
+    def append(self, k_new, v_new):
+        K, V = super().append(k_new, v_new)
+        return V, K
+
+
+class OnlyK(WindowKVCache):
+    def append(self, k_new, v_new):
+        return super().append(k_new, v_new)[0]
+
+
+class ModuloByZero(WindowKVCache):
+    """The lesson's ring without a guard for window = 1, where W - 1 = 0 slots."""
+
+    def append(self, k_new, v_new):
+        _ = self._seen % (self.window - 1)
+        return super().append(k_new, v_new)
+
+
+class ListPair(WindowKVCache):
+    """A list [K, V] is as good as a tuple."""
+
+    def append(self, k_new, v_new):
+        return list(super().append(k_new, v_new))
+
+
+def test_window_cache_passes_the_package_and_a_list_pair():
     assert check_window_cache(WindowKVCache)
+    assert check_window_cache(ListPair)
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (EvictFirst, "evict after attending"),
-    (EvictFirstWSlots, "evict after attending"),
-    (Unbounded, "nbytes grew from"),
-    (AllKeys, "drop keys older than the window"),
-    (WSlotRing, "drop keys older than the window"),
-    (SlotOrder, "wrong order"),
-    (CountsHeld, "counts every token seen"),
-    (OneSlotTooMany, "W - 1 = 3 positions of K and V take"),
-    (NoNbytes, "no nbytes"),
-])
-def test_window_cache_checker_names_the_mistake(wrong, hint):
-    verdict = check_window_cache(wrong)
-    assert not verdict
-    assert hint in repr(verdict), repr(verdict)
+CACHE_WRONG = [
+    (EvictFirst, ["append 3 (T=3", "the new queries need", "oldest are missing", "evict after attending"]),
+    (EvictFirstWSlots, ["append 3 (T=3", "evict after attending"]),
+    (Unbounded, ["nbytes grew from"]),
+    (AllKeys, ["drop keys older than the window"]),
+    (WSlotRing, ["drop keys older than the window"]),
+    (SlotOrder, ["wrong order", "oldest first"]),
+    (CountsHeld, ["len(cache) is 3", "counts every token seen"]),
+    (OneSlotTooMany, ["W - 1 = 3 positions of K and V take"]),
+    (NoNbytes, ["reading your cache.nbytes raised AttributeError"]),
+    (NbytesMethod, ["nbytes is a method", "@property"]),
+    (NbytesRaises, ["reading your cache.nbytes raised AttributeError"]),
+    (NbytesZero, ["nbytes is 0", "self.k.nbytes + self.v.nbytes"]),
+    (NbytesText, ["nbytes returned the string", "expected a number"]),
+    (IgnoresDtype, ["K is float64; expected float32", "dtype the cache was made with"]),
+    (NoDtypeArgument, ["raised TypeError", "accept the dtype"]),
+    (SwappedKV, ["K and V come back swapped"]),
+    (OnlyK, ["append returned one array; expected the pair (K, V)"]),
+    (ModuloByZero, ["window=1", "raised ZeroDivisionError", "W - 1 = 0 slots"]),
+]
+
+
+@pytest.mark.parametrize("cls, words", CACHE_WRONG, ids=[c.__name__ for c, _ in CACHE_WRONG])
+def test_window_cache_rejects_each_wrong_answer_with_its_hint(cls, words):
+    verdict = check_window_cache(cls)
+    assert not verdict and not verdict.stub
+    for w in words:
+        assert w in verdict.message, (w, verdict.message)
 
 
 def test_evict_first_with_w_slots_survives_decode_and_fails_on_the_first_chunk():
@@ -164,7 +325,6 @@ def test_evict_first_with_w_minus_1_slots_fails_even_in_decode():
 
 def test_slot_order_changes_nothing_in_decode_and_breaks_chunks():
     """The checker's hint claims it: with T = 1 the query sees every key handed back, so order cannot matter."""
-    from kvlesson import attention
     rng = np.random.default_rng(1)
     W, Hkv, d = 4, 1, 2
     outs = {}
@@ -179,18 +339,23 @@ def test_slot_order_changes_nothing_in_decode_and_breaks_chunks():
     assert not np.allclose(outs["ring"][5], outs["slot"][5])
 
 
-def test_a_student_copy_gets_a_friendly_nudge():
+def test_a_student_copy_gets_the_stub_verdict():
     def untouched(*args, **kwargs):
         raise NotImplementedError("your turn")
 
     class Untouched:
         def __init__(self, Hkv, d, window, dtype=np.float64):
             self.Hkv, self.d, self.window = Hkv, d, window
+            raise NotImplementedError("your turn")
+
+    class AppendUntouched:
+        def __init__(self, Hkv, d, window, dtype=np.float64):
+            self.Hkv, self.d, self.window = Hkv, d, window
 
         def append(self, k_new, v_new):
             raise NotImplementedError("your turn")
 
-    for checker, answer in ((check_window_mask, untouched), (check_window_cache, untouched),
-                            (check_window_cache, Untouched)):
+    for checker, answer in ((check_window_mask, untouched), (check_window_cache, Untouched),
+                            (check_window_cache, AppendUntouched)):
         verdict = checker(answer)
-        assert not verdict and "still raises NotImplementedError" in repr(verdict), repr(verdict)
+        assert not verdict and verdict.stub, verdict.message
