@@ -80,3 +80,13 @@ def test_show_masks_displays_an_image_then_the_table(capsys):
     show_masks(5, 3, window=2)  # T above S, as when the S slider moves first: clamped to T = S
     out = capsys.readouterr().out
     assert "Image" in out and out.strip().endswith(keys_table(3, 3, window=2).splitlines()[-1].strip())
+
+
+def test_the_window_picker_shows_off_when_there_is_no_window():
+    """ipywidgets reads value=None as "nothing selected"; the dropdown must show its "off" entry instead."""
+    pytest.importorskip("ipywidgets")
+    from kvlesson.widgets.mask import mask_explorer
+
+    box = mask_explorer()
+    picker = next(c for c in box.children[0].children if getattr(c, "description", "") == "window")
+    assert picker.index == 0 and picker.label == "off" and picker.value is None

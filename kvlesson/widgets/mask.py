@@ -70,7 +70,8 @@ def mask_explorer(T=3, S=7, window=None, max_S=16):
     S_slider = w.IntSlider(value=S, min=1, max=max_S, description="S keys")
     T_slider = w.IntSlider(value=T, min=0, max=S, description="T queries")
     windows = [("off", None)] + [(str(k), k) for k in range(1, max_S + 1)]
-    W_picker = w.Dropdown(options=windows, value=window, description="window")
+    # select by index: ipywidgets reads value=None as "nothing selected" and would show a blank, not "off"
+    W_picker = w.Dropdown(options=windows, index=[v for _, v in windows].index(window), description="window")
 
     def keep_T_at_most_S(change):
         T_slider.max = change["new"]  # ipywidgets clamps T's value along with its max
