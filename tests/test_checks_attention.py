@@ -61,6 +61,31 @@ def softmax_raises(s):
     raise RuntimeError("boom")
 
 
+def softmax_first_shift(s):
+    """Shifts by the first score: safe only when the first score is the row's largest."""
+    e = np.exp(s - s[..., :1])
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_min_shift(s):
+    e = np.exp(s - s.min(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_no_division(s):
+    return np.exp(s - s.max(axis=-1, keepdims=True))
+
+
+def softmax_in_place(s):
+    s -= s.max(axis=-1, keepdims=True)
+    e = np.exp(s)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_list(s):
+    return softmax_right(s).tolist()
+
+
 def test_softmax_right_answer_passes():
     v = check_softmax(softmax_right)
     assert v and repr(v).startswith("PASS")
@@ -76,6 +101,11 @@ def test_softmax_right_answer_passes():
     (softmax_upcast, "float64"),
     (softmax_unmasks, "-inf got a nonzero weight"),
     (softmax_raises, "RuntimeError: boom"),
+    (softmax_first_shift, "only helps when the first score is the largest"),
+    (softmax_min_shift, "not its min"),
+    (softmax_no_division, "divide each row by its own sum"),
+    (softmax_in_place, "changed its input in place"),
+    (softmax_list, "return a numpy array"),
 ])
 def test_softmax_wrong_answers_get_their_hint(fn, words):
     v = check_softmax(fn)
@@ -151,10 +181,53 @@ def attention_multiply_by_mask(q, k, v):
     return softmax_right(s) @ v
 
 
+def attention_mask_after_softmax(q, k, v):
+    """Softmax over every key, then the future zeroed and the rows renormalised: right on paper, nan for big scores."""
+    T = q.shape[1]
+    if T == 0:
+        return np.zeros_like(q)
+    p = softmax_right(q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])) * np.tril(np.ones((T, T), q.dtype))
+    return p / p.sum(axis=-1, keepdims=True) @ v
+
+
+def attention_values_from_k(q, k, v):
+    return attend(q, k, k)
+
+
+def attention_scores_q_q(q, k, v):
+    return attend(q, q, v)
+
+
+def attention_weights_only(q, k, v):
+    """Forgets the values: returns the [H, T, S] weights."""
+    T = q.shape[1]
+    s = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
+    return softmax_right(np.where(np.tril(np.ones((T, T), bool)), s, -np.inf))
+
+
+def attention_sees_one_ahead(q, k, v):
+    """np.tril(..., k=1): each query also reads the next token."""
+    T = q.shape[1]
+    if T == 0:
+        return np.zeros_like(q)
+    s = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
+    return softmax_right(np.where(np.tril(np.ones((T, T), bool), k=1), s, -np.inf)) @ v
+
+
+def attention_right_masks_with_big_negative(q, k, v):
+    """-1e9 instead of -inf: exp underflows to exactly 0, so it is equal to the reference; accepted."""
+    T = q.shape[1]
+    if T == 0:
+        return np.zeros_like(q)
+    s = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
+    return softmax_right(np.where(np.tril(np.ones((T, T), bool)), s, q.dtype.type(-1e9))) @ v
+
+
 def test_attention_reference_and_hand_written_pass():
     assert check_attention(attention)
     v = check_attention(attention_right)
     assert v and repr(v).startswith("PASS")
+    assert check_attention(attention_right_masks_with_big_negative)
 
 
 @pytest.mark.parametrize("fn, words", [
@@ -173,6 +246,12 @@ def test_attention_reference_and_hand_written_pass():
     (attention_no_empty_case, "np.zeros_like(q)"),
     (attention_k_dot_T, "k.T reverses"),
     (attention_in_place, "changed q in place"),
+    (attention_mask_after_softmax, "mask before the softmax"),
+    (attention_values_from_k, "p @ v, not p @ k"),
+    (attention_scores_q_q, "not q against itself"),
+    (attention_weights_only, "weights [H, T, S] @ v [H, S, d]"),
+    (attention_sees_one_ahead, "query 0 reads keys [0, 1]; it should read 0..0"),
+    (lambda q, k, v: attend(q, k, v).tolist(), "return a numpy array"),
 ])
 def test_attention_wrong_answers_get_their_hint(fn, words):
     v = check_attention(fn)
@@ -208,3 +287,8 @@ def test_an_unfilled_student_copy_is_told_to_write_the_code():
 def test_a_missing_return_is_named():
     for check in (check_softmax, check_attention):
         assert "is the return statement missing?" in repr(check(lambda *args: None))
+
+
+def test_each_checker_passes_its_own_reference():
+    """Lessons fall back on `.reference` (through yours_or_ours) while an exercise is unsolved."""
+    assert check_softmax(check_softmax.reference) and check_attention(check_attention.reference)

@@ -4,14 +4,14 @@ import pytest
 from matplotlib.figure import Figure
 
 from kvlesson.configs import MODELS
-from kvlesson.flops import cached_flops, recompute_flops, score_flops_per_key
+from kvlesson.flops import cached_flops, matmul_params, recompute_flops, score_flops_per_key
 from kvlesson.widgets.flops import SCORES, draw_flops, flops_explorer, flops_table, show_flops, step_flops
 
 
 def test_steps_follow_the_lessons_count():
-    """Step k re-runs P + k tokens (2N each) or runs 1: the card's 1,001 .. 2,000 for 1,000 + 1,000."""
+    """Step k re-runs P + k tokens (2N each) or runs 1: re-runs of 1,001 .. 2,000 tokens for 1,000 + 1,000."""
     recompute, cached = step_flops(1000, 1000, "SmolLM2-135M")
-    N = int(MODELS["SmolLM2-135M"].params)
+    N = matmul_params(MODELS["SmolLM2-135M"])  # the weights a token multiplies by: no embedding lookup
     assert recompute[0] == 2 * N * 1001 and recompute[-1] == 2 * N * 2000
     assert set(cached) == {2 * N}
 
@@ -24,21 +24,25 @@ def test_steps_add_up_to_the_totals(P, G, scores):
     full = scores == "all t*t pairs"
     recompute, cached = step_flops(P, G, "Llama 3.1 8B", scores)
     assert len(recompute) == len(cached) == G
-    assert sum(recompute) == recompute_flops(spec.params, P, G, per_key, full)
-    assert sum(cached) == cached_flops(spec.params, P, G, per_key)
+    N = matmul_params(spec)
+    assert sum(recompute) == recompute_flops(N, P, G, per_key, full)
+    assert sum(cached) == cached_flops(N, P, G, per_key)
 
 
-def test_table_reports_the_cards_ratio():
+def test_table_reports_both_ratios():
+    """1,000 + 1,000: 1,500.5x for the decode steps, 750.75x with the shared prefill on both sides."""
     lines = flops_table(1000, 1000).splitlines()
-    assert lines[3].split() == ["ratio", "1,500.5x"]
-    assert "undefined" in flops_table(10, 0)
+    assert lines[3].split() == ["ratio", "1,500.50x"]
+    assert lines[4].split()[:4] == ["ratio", "+", "prefill", "750.75x"]
+    assert flops_table(10, 0).count("undefined") == 2
 
 
 def test_figure_for_edge_cases():
     for P, G in [(0, 1), (1000, 1000), (4096, 5)]:
         fig = draw_flops(P, G, scores="all t*t pairs")
         assert isinstance(fig, Figure) and len(fig.axes) == 2
-    assert "1,500.5x" in draw_flops(1000, 1000)._suptitle.get_text()
+    title = draw_flops(1000, 1000)._suptitle.get_text()
+    assert "1,500.5x" in title and "750.8x counting the prefill" in title
 
 
 def test_bad_input_raises():

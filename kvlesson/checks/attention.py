@@ -1,6 +1,8 @@
 """Checkers for lesson 01: a stable softmax, and causal attention for a prefill.
 
-Each runs the learner's function on seeded cases and rejects any answer that differs from the reference.
+Each runs the learner's function on seeded cases and rejects any answer that differs from the reference, which
+each checker carries as `.reference` (later cells of a lesson fall back on it, through yours_or_ours, while the
+exercise is unsolved).
 To say why, it then compares the answer with the classic slips (no max subtraction, a shift by the first
 score, the wrong axis, a missing keepdims, an upcast to float64) and, for attention, probes which keys each
 query reads, whether the weights sum to 1 and which scale was used.
@@ -26,7 +28,10 @@ def _softmax(s):
 _OVERFLOW = ("exp(1000) overflows (float64 tops out near exp(709.8)) and inf/inf is nan; subtract each row's max "
              "before exp: softmax does not change when a row is shifted, and then the largest exp is 1")
 
-_SOFTMAX_SLIPS = [
+_SOFTMAX_SLIPS = [  # a min shift passes "scores near 1000" and fails only where the no-max slip also would: first
+    Slip("shift by the row's min", lambda s: _softmax_shifted(s, s.min(axis=-1, keepdims=True)),
+         "for {case} your result has nan or inf",
+         "subtract the row's max, not its min: after s - min every exponent is >= 0, and the largest still overflows"),
     Slip("no max subtraction", lambda s: np.exp(s) / np.exp(s).sum(axis=-1, keepdims=True),
          "for {case} your result has nan or inf", _OVERFLOW),
     Slip("shift by the first score", lambda s: _softmax_shifted(s, s[..., :1]),
@@ -51,6 +56,9 @@ _SOFTMAX_SLIPS = [
     Slip("-inf replaced before exp", lambda s: _softmax(np.where(np.isneginf(s), 0.0, s)),
          "for {case} a score of -inf got a nonzero weight",
          "exp(-inf) is exactly 0; do not replace -inf before the exponent"),
+    Slip("no division", lambda s: np.exp(s - s.max(axis=-1, keepdims=True)),
+         "for {case} the rows do not sum to 1",
+         "after the exp, divide each row by its own sum: e / e.sum(axis=-1, keepdims=True)"),
 ]
 
 
@@ -87,9 +95,21 @@ def _softmax_cases():
 def check_softmax(fn):
     """fn(s) -> softmax of s over its last axis, same shape and dtype as s."""
     for case, s in _softmax_cases():
-        got = as_array(run(fn, s.copy(), case=case, crash_hint=_softmax_crash_hint), case)
+        given = s.copy()
+        result = run(fn, given, case=case, crash_hint=_softmax_crash_hint)
+        if not np.array_equal(given, s, equal_nan=True):
+            reject(f"for {case} your softmax changed its input in place",
+                   "s -= s.max(...) rewrites the caller's scores, which they may still need; write e = np.exp(s - "
+                   "s.max(...)), which builds a new array")
+        if isinstance(result, (list, tuple)):
+            reject(f"for {case} your softmax returned a {type(result).__name__}",
+                   "return a numpy array: a list has no dtype, so float32 in could not come out float32")
+        got = as_array(result, case)
         _softmax_verdict(got, _softmax(s), s, case)
     return passed("your softmax is stable, normalises the last axis and keeps the dtype")
+
+
+check_softmax.reference = _softmax
 
 
 def _softmax_crash_hint(e):
@@ -145,10 +165,17 @@ def check_attention(fn):
     return passed("your attention is causal, scaled by 1/sqrt(d), normalised over the keys and keeps the dtype")
 
 
+check_attention.reference = attention
+
+
 def _attention_case(fn, q, k, v, case, probe):
     T = q.shape[1]
     inputs = (q.copy(), k.copy(), v.copy())
-    got = as_array(run(fn, *inputs, case=case, crash_hint=lambda e: _attention_crash_hint(e, T)), case)
+    result = run(fn, *inputs, case=case, crash_hint=lambda e: _attention_crash_hint(e, T))
+    if isinstance(result, (list, tuple)):
+        reject(f"for {case} your function returned a {type(result).__name__}",
+               "return a numpy array: a list has no dtype, so float32 in could not come out float32")
+    got = as_array(result, case)
     for name, before, after in zip("qkv", (q, k, v), inputs, strict=True):
         if not np.array_equal(before, after):
             reject(f"for {case} your function changed {name} in place",
@@ -164,6 +191,9 @@ def _attention_case(fn, q, k, v, case, probe):
     tol = dict(rtol=1e-4, atol=1e-5) if q.dtype == np.float32 else dict(rtol=1e-7, atol=1e-9)
     if np.allclose(got, want, **tol):
         return
+    slip = first_slip(got, _ATTENTION_SLIPS, (q, k, v))
+    if slip is not None:
+        reject_slip(slip, case)
     if not np.isfinite(got).all():
         _attention_nan(got, case)
     if probe:  # with huge scores some weights underflow to 0 and the probes would misread them
@@ -173,6 +203,27 @@ def _attention_case(fn, q, k, v, case, probe):
     err = np.abs(got.astype(np.float64) - want).max()
     reject(f"for {case} the values differ from the reference (max abs error {err:.3g})",
            "scores q @ k^T / sqrt(d), masked with -inf above the diagonal, softmax over the keys, then @ v")
+
+
+def _mask_after_softmax(q, k, v):
+    """Softmax over every key, then the future zeroed and the rows renormalised: equal on paper, not in floats."""
+    T = q.shape[1]
+    p = _softmax(q @ k.transpose(0, 2, 1) * (1 / math.sqrt(q.shape[-1]))) * np.tril(np.ones((T, T), q.dtype))
+    return p / p.sum(axis=-1, keepdims=True) @ v
+
+
+_ATTENTION_SLIPS = [
+    Slip("weights times k", lambda q, k, v: attention(q, k, k),
+         "for {case} your output matches the weights multiplied by k",
+         "the weights blend the values: p @ v, not p @ k"),
+    Slip("scores q . q", lambda q, k, v: attention(q, q, v),
+         "for {case} your output matches scores q @ q^T",
+         "score each query against the keys: s = q @ k.transpose(0, 2, 1), not q against itself"),
+    Slip("mask after the softmax", _mask_after_softmax,
+         "for {case} your output matches a softmax over every key, masked and renormalised afterwards",
+         "mask before the softmax: with the future still in the row, its scores set the max and take the weight; "
+         "with large scores the visible keys underflow to 0 and 0/0 is nan. np.where(mask, s, -np.inf) first"),
+]
 
 
 def _attention_crash_hint(e, T):
@@ -218,6 +269,9 @@ def _visibility_problem(fn, q, k, v, got, case):
     want = np.tril(np.ones((T, T), bool))
     if (seen == want).all():
         return
+    if not seen.any():
+        reject(f"for {case} changing any value leaves your output as it was: it does not depend on v",
+               "the output is the weights times the values: softmax(...) @ v")
     n0, nlast = int(seen[0].sum()), int(seen[-1].sum())
     if seen.all():
         reject(f"for {case} query 0 reads all {T} keys; it should read 1 (itself): the future leaks in",

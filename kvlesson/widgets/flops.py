@@ -9,10 +9,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from kvlesson.configs import MODELS
-from kvlesson.flops import cached_flops, flop_ratio, recompute_flops, score_flops_per_key
+from kvlesson.flops import cached_flops, flop_ratio, matmul_params, recompute_flops, score_flops_per_key
 
 SCORES = ("left out", "causal pairs", "all t*t pairs")  # how attention scores are counted, see kvlesson.flops
-DENSE = ("Llama 3.1 8B", "SmolLM2-135M")  # dense models: every parameter works on every token, so 2N holds
+DENSE = ("Llama 3.1 8B", "SmolLM2-135M")  # dense models: every matrix works on every token, so 2N holds
 
 
 def _terms(model, scores):
@@ -22,7 +22,7 @@ def _terms(model, scores):
         raise ValueError(f"scores must be one of {SCORES}; got {scores!r}")
     spec = MODELS[model]
     per_key = 0 if scores == "left out" else score_flops_per_key(spec.n_layers, spec.H, spec.d)
-    return int(spec.params), per_key, scores == "all t*t pairs"
+    return matmul_params(spec), per_key, scores == "all t*t pairs"  # N leaves out the embedding lookup
 
 
 def step_flops(prompt, generated, model="Llama 3.1 8B", scores="left out"):
@@ -34,17 +34,21 @@ def step_flops(prompt, generated, model="Llama 3.1 8B", scores="left out"):
 
 
 def flops_table(prompt, generated, model="Llama 3.1 8B", scores="left out"):
-    """A text summary: total FLOPs both ways, the ratio and the FLOPs saved."""
+    """A text summary: total FLOPs of the decode steps both ways, the ratio without and with the shared prefill,
+    and the FLOPs saved (the prefill is the same both ways, so it saves nothing)."""
     N, per_key, full = _terms(model, scores)
     re = recompute_flops(N, prompt, generated, per_key, full)
-    ca = cached_flops(N, prompt, generated, per_key)
-    ratio = f"{flop_ratio(prompt, generated, N, per_key, full):,.1f}x" if generated else "undefined (no steps)"
+    ca = cached_flops(N, prompt, generated, per_key, full)
+    ratios = ["undefined (no steps)"] * 2
+    if generated:
+        ratios = [f"{flop_ratio(prompt, generated, N, per_key, full, prefill=p):,.2f}x" for p in (False, True)]
     return "\n".join([
         f"{model}, prompt {prompt:,} + {generated:,} decode steps, attention scores {scores}",
-        f"  recompute  {re:.3e} FLOPs",
-        f"  cached     {ca:.3e} FLOPs",
-        f"  ratio      {ratio}",
-        f"  saved      {re - ca:.3e} FLOPs",
+        f"  recompute        {re:.3e} FLOPs",
+        f"  cached           {ca:.3e} FLOPs",
+        f"  ratio            {ratios[0]}",
+        f"  ratio + prefill  {ratios[1]}  (the prefill counted on both sides)",
+        f"  saved            {re - ca:.3e} FLOPs",
     ])
 
 
@@ -65,8 +69,9 @@ def draw_flops(prompt, generated, model="Llama 3.1 8B", scores="left out"):
         ax.grid(alpha=0.3)
         ax.legend()
     N, per_key, full = _terms(model, scores)
-    fig.suptitle(f"{model}, prompt {prompt:,}: after {generated:,} steps recompute costs "
-                 f"{flop_ratio(prompt, generated, N, per_key, full):,.1f}x the FLOPs (scores {scores})")
+    ratio, with_prefill = (flop_ratio(prompt, generated, N, per_key, full, prefill=p) for p in (False, True))
+    fig.suptitle(f"{model}, prompt {prompt:,}: {generated:,} decode steps cost {ratio:,.1f}x the FLOPs without a "
+                 f"cache ({with_prefill:,.1f}x counting the prefill; scores {scores})")
     return fig
 
 
