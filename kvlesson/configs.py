@@ -100,11 +100,28 @@ MODELS = {
     "gpt-oss-120b": Config(name="gpt-oss-120b", n_layers=36, H=64, Hkv=8, d=64, total_params=116.8e9,
                            window=128, window_layers=18, active_params=5.1e9,
                            source=_HF + "openai/gpt-oss-120b/blob/main/config.json"),
+    # Qwen, config.json at huggingface.co/Qwen/Qwen3-32B: hidden_size 5120, 64 layers, num_attention_heads 64,
+    # num_key_value_heads 8, head_dim 128 set on its own (5120 / 64 would be 80: the query projection is wider
+    # than the model, 64 x 128 = 8192), intermediate_size 25600, vocab 151936, untied, no attention biases.
+    # Its per-head q/k RMSNorm weights (2 x 128 per layer) are not counted. Counted: 32,762,106,880; the model
+    # card lists 32.8B (31.2B without embeddings; counted here: 31.21e9).
+    "Qwen3-32B": Config(name="Qwen3-32B", vocab=151936, D=5120, n_layers=64, H=64, Hkv=8, d=128, hidden=25600,
+                        rope_base=1e6, source=_HF + "Qwen/Qwen3-32B/blob/main/config.json"),
     # Hugging Face, config.json at huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct: 30 layers, 9 heads,
     # 3 KV heads, head_dim 64, hidden 576, intermediate 1536, vocab 49152, tied embeddings. Counted: 134,515,008.
     "SmolLM2-135M": Config(name="SmolLM2-135M", vocab=49152, D=576, n_layers=30, H=9, Hkv=3, d=64, hidden=1536,
                            tied=True,
                            source=_HF + "HuggingFaceTB/SmolLM2-135M-Instruct/blob/main/config.json"),
+}
+
+
+# Published sizes of whole checkpoints, in bytes, where the parameter count times one dtype would mislead:
+# mixed-precision files. name -> (bytes, source).
+CHECKPOINT_BYTES = {
+    # OpenAI, gpt-oss-120b & gpt-oss-20b model card (arXiv 2508.10925), Table 1: checkpoint size 60.8 GiB. The
+    # MoE expert weights are stored in MXFP4 (4-bit values with a shared scale per 32: 4.25 bits each), attention,
+    # router and embeddings in bf16, which is why 116.8B x 4 bits (58.4 GB) underestimates the file.
+    "gpt-oss-120b": (60.8 * 2 ** 30, "gpt-oss-120b & gpt-oss-20b model card, arXiv 2508.10925, Table 1"),
 }
 
 

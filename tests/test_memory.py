@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import KVCache, StaticKVCache, WindowKVCache
-from kvlesson.configs import ACCELERATORS, MODELS, Accelerator, Config
+from kvlesson.configs import ACCELERATORS, CHECKPOINT_BYTES, MODELS, Accelerator, Config
 from kvlesson.memory import (
     BF16,
     decode_floor,
@@ -58,13 +58,31 @@ def test_card_rounding_the_printed_terms_would_give_4_96():
 
 def test_parameter_counts_agree_with_the_published_figures():
     published = {"Llama 3.1 8B": 8.03e9, "Llama 3.1 70B": 70.6e9, "Llama 3.1 405B": 406e9, "Llama 2 7B": 6.74e9,
-                 "Mistral 7B v0.1": 7.24e9, "Qwen2.5-7B": 7.61e9, "SmolLM2-135M": 135e6}
+                 "Mistral 7B v0.1": 7.24e9, "Qwen2.5-7B": 7.61e9, "Qwen3-32B": 32.8e9, "SmolLM2-135M": 135e6}
     for name, figure in published.items():
         assert abs(MODELS[name].params - figure) <= 0.01 * figure, name
     assert MODELS["SmolLM2-135M"].params == 134_515_008  # summed by hand from config.json shapes
 
 
 # -------------------------------------------------------------------------------------- the tables
+
+def test_a_head_dim_set_on_its_own_is_the_one_priced():
+    """Qwen3-32B: hidden 5120 over 64 heads would be 80, but config.json sets head_dim 128 (lesson 05's table)."""
+    q = MODELS["Qwen3-32B"]
+    assert (q.D, q.H, q.Hkv, q.d) == (5120, 64, 8, 128) and q.D // q.H == 80
+    assert kv_bytes_per_token(q) == 2 * 64 * 8 * 128 * 2 == 256 * 1024
+    assert q.params - q.vocab * q.D * 2 == 31_206_282_240  # the model card's 31.2B without embeddings
+
+
+def test_gpt_oss_checkpoint_does_not_fit_beside_8_full_fp8_caches():
+    """Lesson 05: the published 60.8 GiB checkpoint, not 116.8B x 4 bits, decides whether batch 8 fits."""
+    g = MODELS["gpt-oss-120b"]
+    ckpt, source = CHECKPOINT_BYTES["gpt-oss-120b"]
+    assert ckpt == 60.8 * 2 ** 30 and "2508.10925" in source
+    kv = kv_bytes(g, 131072, 8, ml_dtypes.float8_e4m3fn)
+    assert weight_bytes(g, ml_dtypes.int4) + kv <= H100.memory < ckpt + kv  # the estimate fits; the file does not
+    assert (H100.memory - ckpt) // kv_bytes(g, 131072, 1, ml_dtypes.float8_e4m3fn) == 6
+
 
 def test_lesson_07_fields_of_gpt_oss():
     g = MODELS["gpt-oss-120b"]

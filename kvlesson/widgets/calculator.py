@@ -2,9 +2,10 @@
 
 `price` is the pure function (tested); `price_table` tabulates it; `calculator()` is the thin ipywidgets
 wrapper, imported lazily so kvlesson works without ipywidgets. Dtypes are numpy dtypes or their names
-(ml_dtypes provides bfloat16, float8_e4m3fn and int4). Weights default to bfloat16; int4 stands in for
-4-bit checkpoints (gpt-oss-120b ships its expert weights in MXFP4, about 4.25 bits each, so int4 is a slight
-underestimate there, and scales and zero points of any 4-bit format are not counted).
+(ml_dtypes provides bfloat16, float8_e4m3fn and int4). Weights default to bfloat16, one dtype for every
+parameter; int4 counts 4 bits per weight and no scales or zero points. That misprices mixed-precision files:
+gpt-oss-120b as int4 is 58.4 GB, while its published checkpoint (MXFP4 experts at 4.25 bits, bf16 attention and
+embeddings) is 60.8 GiB = 65.3 GB, kvlesson.configs.CHECKPOINT_BYTES. Lesson 05 prices it both ways.
 """
 from dataclasses import dataclass
 
