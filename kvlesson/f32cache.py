@@ -23,7 +23,7 @@ import numpy as np
 from kvlesson import layout
 from kvlesson.configs import Config
 
-VERSION = "3"  # bump when the layout of the folder changes
+VERSION = "4"  # bump when the layout of the folder or the meaning of its config changes
 
 
 class Damaged(Exception):

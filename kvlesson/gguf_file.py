@@ -7,6 +7,7 @@ ModelFileError naming what is missing or wrong, rather than failing later inside
 GGUF lists each tensor's dimensions innermost first; gguf's reader hands back numpy arrays in the usual
 order, so a projection from `in` to `out` features arrives as [out, in], one row per output feature.
 """
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,7 @@ def read(path):
         tensors[name] = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         types[name] = gguf.GGMLQuantizationType(t.tensor_type).name
     tok = {key: _plain(meta[key]) for key in TOKENIZER_KEYS}
+    config = dataclasses.replace(config, tied="output.weight" not in stored)  # one table for both ends
     return ModelFile(config, tensors, tok, meta.get("tokenizer.chat_template"), types)
 
 

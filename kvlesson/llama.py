@@ -17,7 +17,7 @@ import operator
 
 import numpy as np
 
-from kvlesson import f32cache, fetch, fused, gguf_file, layout, tokenizer, validate
+from kvlesson import batch, f32cache, fetch, fused, gguf_file, layout, tokenizer, validate
 from kvlesson import model as _model
 from kvlesson.fetch import ModelFileError  # noqa: F401  raised by load(); importable from here
 
@@ -78,6 +78,35 @@ class Model:
         if n == 0:
             return []
         return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, forward=self._forward)
+
+    def generate_batch(self, prompts, max_new_tokens, *, max_batch=64, block_size=16):
+        """Greedy decoding of many prompts together -> one list of new token ids per prompt.
+
+        Continuous batching on a paged KV pool (kvlesson.batch): up to max_batch sequences decode in one step, with
+        one matrix product per weight; finished ones free their blocks and waiting ones join. Each result equals
+        generate(prompt, n) on that prompt alone, up to float32 summation order (lesson 09 measures it).
+        max_new_tokens is one count for all prompts, or one per prompt.
+        """
+        if "blk.0.attn_q.weight" not in self.weights:
+            raise TypeError("generate_batch runs the plain weights: call it on the model load() returns")
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+            raise TypeError(f"prompts must be a list of prompts, each a list of token ids; got "
+                            f"{type(prompts).__name__}")
+        prompts = [self.tokenizer.check_ids(p, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
+        counts = [max_new_tokens] * len(prompts) if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
+        if len(counts) != len(prompts):
+            raise ValueError(f"max_new_tokens has {len(counts)} counts for {len(prompts)} prompts")
+        counts = [validate.integer("max_new_tokens", n) for n in counts]
+        validate.integer("max_batch", max_batch, minimum=1)
+        validate.integer("block_size", block_size, minimum=1)
+        for i, (ids, n) in enumerate(zip(prompts, counts, strict=True)):
+            if not ids:
+                raise ValueError(f"prompt {i} is empty: need at least one token to predict the next one")
+            if len(ids) + n > self.config.max_len:
+                raise ValueError(f"prompt {i}: {len(ids)} prompt + {n} new tokens exceed the context of "
+                                 f"{self.config.max_len} positions")
+        return batch.generate_batch(self.config, self.weights, prompts, counts, max_batch=max_batch,
+                                    block_size=block_size)
 
     def chat_prompt(self, user, system=None):
         """The ChatML text SmolLM2-Instruct was tuned on, written out by hand (the file's template renders the same).
@@ -143,7 +172,7 @@ def load(path=None, *, sha256=fetch.SHA256, f32_cache=True):
             config, weights, tok_data, template = f32cache.load(folder)
             return Model(config, weights, tokenizer.build(tok_data), template)
         except f32cache.Damaged as e:
-            print(f"kvlesson: the float32 copy in {folder} is damaged ({e}); rebuilding it from the GGUF file.")
+            print(f"kvlesson: the float32 copy in {folder} cannot be used ({e}); rebuilding it from the GGUF file.")
         except OSError as e:
             print(f"kvlesson: cannot read the float32 copy in {folder} ({e.strerror}); reading the GGUF file "
                   "instead. Set KVLESSON_CACHE_DIR to a folder you own to keep a copy of your own.")

@@ -254,3 +254,8 @@ def test_the_long_text_ships_with_the_package_and_has_its_stated_length(model):
     text = long_text()
     assert text.isascii() and text.startswith("The Ferry at Holloway Reach\n")
     assert len(model.tokenizer.encode(text)) == 6792
+
+
+def test_the_config_says_the_model_is_tied(model):
+    """SmolLM2 has no output.weight in its file: the token table is read at both ends."""
+    assert model.config.tied
