@@ -25,12 +25,16 @@ Modules, one idea each:
     configs       Config (the one configuration type), published models and accelerators
     memory, flops the price of the cache in bytes, and what it saves in FLOPs
     llama         SmolLM2-135M from its GGUF file: fetch, gguf_file, tokenizer, layout, f32cache
+    online        online_attention and split_kv_attention: never the whole score row (FlashAttention,
+                  flash-decoding)
+    precision     bfloat16 and float16: formats, rounding, a 16-bit KV cache
     perplexity    the ruler for every change to the cache, over the text in kvlesson.text
     validate      argument checks shared by everything above
     checks        the exercises' checkers;  widgets  the lessons' interactive pictures
 """
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache
 from kvlesson.layer import step
+from kvlesson.online import online_attention, split_kv_attention
 from kvlesson.rope import apply_rope
 from kvlesson.sdpa import attention, causal_mask
 
@@ -42,4 +46,6 @@ __all__ = [
     "StaticKVCache",
     "WindowKVCache",
     "step",
+    "online_attention",
+    "split_kv_attention",
 ]

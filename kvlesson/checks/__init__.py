@@ -3,11 +3,12 @@
 Each checker runs your function against kvlesson's reference on several shapes, edge cases
 included, and returns a Verdict: a pass, or what is wrong with a hint at why.
 """
-from kvlesson.checks._verdict import Verdict  # noqa: F401  what every checker returns
+from kvlesson.checks._verdict import Verdict, yours_or_ours  # noqa: F401  what every checker returns
 from kvlesson.checks.attention import *  # noqa: F403  lesson 01
 from kvlesson.checks.cache import *  # noqa: F403  lesson 03
 from kvlesson.checks.gqa import *  # noqa: F403  lesson 05
 from kvlesson.checks.mask import *  # noqa: F403  lesson 04
+from kvlesson.checks.precision import *  # noqa: F403  lesson 10
 from kvlesson.checks.real_model import *  # noqa: F403  lesson 08
 from kvlesson.checks.rope import *  # noqa: F403  lesson 06
 from kvlesson.checks.why_cache import *  # noqa: F403  lesson 02

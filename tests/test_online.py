@@ -1,0 +1,268 @@
+"""online_attention and split_kv_attention equal kvlesson.attention, and never hold more than one block of scores.
+
+The shapes cover GQA, windows, T = 0, T = S, blocks of 1, blocks longer than S or not dividing it, and more
+splits than keys. The mutants at the end swap in the classic bugs of lesson 10 and watch these comparisons fail.
+"""
+import tracemalloc
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import kvlesson.online
+from kvlesson import attention, online_attention, split_kv_attention
+from kvlesson.online import merge_partials, online_update
+
+
+@st.composite
+def shapes(draw):
+    Hkv, G = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    S = draw(st.integers(0, 40))
+    T = draw(st.one_of(st.just(0), st.just(S), st.just(min(1, S)), st.integers(0, S)))
+    return dict(H=Hkv * G, Hkv=Hkv, T=T, S=S, d=draw(st.sampled_from([1, 4, 8])),
+                window=draw(st.one_of(st.none(), st.integers(1, S + 3))), seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def qkv(c, dtype=np.float64, scale=1.0):
+    rng = np.random.default_rng(c["seed"])
+    q = rng.standard_normal((c["H"], c["T"], c["d"])) * scale  # [H, T, d]
+    k, v = rng.standard_normal((2, c["Hkv"], c["S"], c["d"]))  # [Hkv, S, d] each
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+def blocks(S):
+    """Block sizes that matter: 1, a few that do not divide S, exactly S, and longer than S."""
+    return st.one_of(st.just(1), st.integers(2, max(2, S)), st.just(max(S, 1)), st.integers(S + 1, S + 50))
+
+
+@given(shapes(), st.data())
+def test_online_attention_equals_attention(c, data):
+    block = data.draw(blocks(c["S"]))
+    q, k, v = qkv(c)
+    got = online_attention(q, k, v, block=block, window=c["window"])
+    assert got.shape == q.shape and got.dtype == np.float64
+    np.testing.assert_allclose(got, attention(q, k, v, window=c["window"]), rtol=0, atol=1e-12)
+
+
+@given(shapes(), st.data())
+def test_split_kv_attention_equals_attention(c, data):
+    splits = data.draw(st.one_of(st.integers(1, 6), st.integers(c["S"], c["S"] + 9).filter(lambda n: n > 0)))
+    q, k, v = qkv(c)
+    got = split_kv_attention(q, k, v, splits=splits, window=c["window"])
+    assert got.shape == q.shape and got.dtype == np.float64
+    np.testing.assert_allclose(got, attention(q, k, v, window=c["window"]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn, kw", [(online_attention, dict(block=5)), (split_kv_attention, dict(splits=3))])
+def test_decode_over_a_long_cache(fn, kw):
+    """One query (T = 1) over 1,000 keys with 4 query heads on 2 KV heads: the flash-decoding shape."""
+    c = dict(H=4, Hkv=2, T=1, S=1000, d=16, window=None, seed=3)
+    q, k, v = qkv(c)
+    np.testing.assert_allclose(fn(q, k, v, **kw), attention(q, k, v), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(fn(q, k, v, window=100, **kw), attention(q, k, v, window=100), rtol=0, atol=1e-12)
+
+
+@given(shapes(), st.integers(1, 9))
+def test_float32_stays_float32_and_finite_at_logits_of_1e4(c, n):
+    """Queries scaled so that scores reach about 1e4: without the running max, exp would overflow at once.
+
+    float32 carries about 7 digits. A score of 1e4 is known to within about 1e-3, and the softmax turns an
+    error of e in the scores into a relative error of about e in the weights; against attention's own float32
+    result the outputs (values of size ~1) agree to 1e-2, while any rescaling bug moves them by order 1."""
+    c = {**c, "d": 8}
+    q, k, v = qkv(c, np.float32, scale=1e4)  # scores q . k / sqrt(8) of about 1e4
+    want = attention(q, k, v, window=c["window"])
+    for got in (online_attention(q, k, v, block=n, window=c["window"]),
+                split_kv_attention(q, k, v, splits=n, window=c["window"])):
+        assert got.dtype == np.float32 and np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-2)
+
+
+@given(shapes(), st.integers(1, 9))
+def test_float16_is_summed_in_float32_and_given_back_as_float16(c, n):
+    """float16 scores overflow at 65,504 and its sums lose terms below 1/2048 of the total. Summing in float32
+    and rounding once at the end, the result is the float64 one rounded to float16: within 2e-3 (about two
+    float16 steps for values of size 1, plus the rounding of the inputs, carried through the weights)."""
+    q, k, v = qkv(c, np.float16)
+    want = attention(*(a.astype(np.float64) for a in (q, k, v)), window=c["window"])
+    for got in (online_attention(q, k, v, block=n, window=c["window"]),
+                split_kv_attention(q, k, v, splits=n, window=c["window"])):
+        assert got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-3, atol=1e-6)
+
+
+def test_float16_inputs_whose_scores_overflow_float16_still_work():
+    """q . k = 64 x 40 x 40 = 102,400 is beyond float16's 65,504; in float32 it is an ordinary number."""
+    q, k, v = np.full((1, 1, 64), 40, np.float16), np.full((1, 3, 64), 40, np.float16), np.ones((1, 3, 64), np.float16)
+    for got in (online_attention(q, k, v, block=2), split_kv_attention(q, k, v, splits=2)):
+        assert got.dtype == np.float16 and np.array_equal(got, np.ones((1, 1, 64), np.float16))
+
+
+# ---------------------------------------------------------------------------------- one block of scores at most
+
+def test_online_attention_never_scores_more_than_one_block():
+    seen = []
+
+    def spy(m, l, o, s, v):
+        seen.append(s.shape)
+        return online_update(m, l, o, s, v)
+
+    c = dict(H=4, Hkv=2, T=3, S=50, d=4, window=None, seed=0)
+    with mock.patch.object(kvlesson.online, "online_update", spy):
+        online_attention(*qkv(c), block=8)
+    assert seen == [(2, 6, 8)] * 6 + [(2, 6, 2)]  # [Hkv, G*T, block], the last block the remainder
+
+
+def test_a_window_skips_the_blocks_no_query_reaches():
+    seen = []
+
+    def spy(m, l, o, s, v):
+        seen.append(s.shape[-1])
+        return online_update(m, l, o, s, v)
+
+    c = dict(H=2, Hkv=1, T=2, S=100, d=4, window=10, seed=0)
+    with mock.patch.object(kvlesson.online, "online_update", spy):
+        online_attention(*qkv(c), block=4, window=10)
+    assert sum(seen) == 11  # the first query (at 98) sees 89..98, the second 90..99: keys 89..99
+
+
+def test_split_kv_scores_one_split_at_a_time():
+    seen = []
+
+    def spy(m, l, o, s, v):
+        seen.append(s.shape[-1])
+        return online_update(m, l, o, s, v)
+
+    c = dict(H=2, Hkv=1, T=1, S=10, d=4, window=None, seed=0)
+    with mock.patch.object(kvlesson.online, "online_update", spy):
+        split_kv_attention(*qkv(c), splits=4)
+        split_kv_attention(*qkv(c), splits=25)  # 15 of the 25 splits are empty and skipped
+    assert seen == [2, 3, 2, 3] + [1] * 10
+
+
+def peak_bytes(fn, *args, **kwargs):
+    tracemalloc.start()
+    try:
+        fn(*args, **kwargs)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_online_peak_memory_does_not_grow_with_S():
+    """attention builds the [H, T, S] scores (here 4 x 8 x 8,192 float32 = 1 MiB, more with its temporaries);
+    online_attention's peak is a few blocks of 64 keys, the same at 8,192 keys as at 1,024."""
+    rng = np.random.default_rng(0)
+    peaks = {}
+    for S in (1024, 8192):
+        q = rng.standard_normal((4, 8, 32)).astype(np.float32)
+        k, v = rng.standard_normal((2, 2, S, 32)).astype(np.float32)
+        peaks[S] = peak_bytes(online_attention, q, k, v, block=64), peak_bytes(attention, q, k, v)
+    assert peaks[8192][1] > 4 * 8 * 8192 * 4  # attention holds the whole score array
+    assert peaks[8192][0] < 4 * 8 * 8192 * 4 / 8
+    assert abs(peaks[8192][0] - peaks[1024][0]) < 4096
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+@pytest.mark.parametrize("fn, name", [(online_attention, "block"), (split_kv_attention, "splits")])
+@pytest.mark.parametrize("value, error, words", [
+    (0, ValueError, "must be at least 1; got {name}=0"),
+    (2.5, TypeError, "{name} must be an integer; got {name}=2.5"),
+    (True, TypeError, "{name} must be an integer, not a bool"),
+    (None, TypeError, "{name} must be an integer"),
+])
+def test_block_and_splits_must_be_positive_integers(fn, name, value, error, words):
+    q, k, v = qkv(dict(H=2, Hkv=1, T=2, S=5, d=4, seed=0))
+    with pytest.raises(error, match=words.format(name=name)):
+        fn(q, k, v, **{name: value})
+
+
+@pytest.mark.parametrize("fn", [online_attention, split_kv_attention])
+def test_the_checks_of_attention_apply(fn):
+    q, k, v = qkv(dict(H=2, Hkv=1, T=2, S=5, d=4, seed=0))
+    with pytest.raises(ValueError, match="more queries than keys"):
+        fn(q, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match="H=2 query heads must be a multiple of Hkv=3"):
+        fn(q, np.zeros((3, 5, 4)), np.zeros((3, 5, 4)))
+    with pytest.raises(ValueError, match="need one dtype"):
+        fn(q.astype(np.float32), k, v)
+    with pytest.raises(TypeError, match="window must be an integer"):
+        fn(q, k, v, window=1.5)
+    with pytest.raises(TypeError, match="k must hold floating-point numbers"):
+        fn(q, k.astype(int), v)
+
+
+@pytest.mark.parametrize("fn", [online_attention, split_kv_attention])
+def test_inputs_are_left_alone(fn):
+    q, k, v = qkv(dict(H=4, Hkv=2, T=3, S=9, d=4, seed=1))
+    before = q.copy(), k.copy(), v.copy()
+    fn(q, k, v)
+    assert all(np.array_equal(a, b) for a, b in zip(before, (q, k, v), strict=True))
+
+
+# ------------------------------------------------------------------------------------------------ the mutants
+
+CASE = dict(H=4, Hkv=2, T=3, S=40, d=4, window=None, seed=5)
+
+
+def differs(fn, **kw):
+    """True when fn disagrees with attention on a case whose running max moves from block to block."""
+    q, k, v = qkv(CASE)
+    q = q * 3  # sharper scores, so that blocks differ in their max
+    return not np.allclose(fn(q, k, v, **kw), attention(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_the_unmutated_functions_pass():
+    assert not differs(online_attention, block=7)
+    assert not differs(split_kv_attention, splits=5)
+
+
+def no_rescale(m, l, o, s, v):
+    """Bug: the accumulator is never rescaled when the max moves."""
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    p = np.exp(s - np.where(np.isneginf(m_new), 0, m_new))
+    return m_new, l + p.sum(axis=-1, keepdims=True), o + p @ v
+
+
+def rescale_sum_only(m, l, o, s, v):
+    """Bug: the running sum l is rescaled, the output accumulator o is not."""
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    shift = np.where(np.isneginf(m_new), 0, m_new)
+    p = np.exp(s - shift)
+    return m_new, np.exp(m - shift) * l + p.sum(axis=-1, keepdims=True), o + p @ v
+
+
+@pytest.mark.parametrize("bug", [no_rescale, rescale_sum_only])
+def test_online_softmax_bugs_are_caught(bug):
+    with mock.patch.object(kvlesson.online, "online_update", bug):
+        assert differs(online_attention, block=7)
+
+
+def test_the_rescaling_bugs_hide_when_the_first_block_holds_every_max():
+    """Why the property test needs scores that rise along the keys: when no later block beats the first
+    block's max, alpha is always 1 and the bugs compute the right answer."""
+    q, k, v = np.ones((1, 1, 4)), np.linspace(1, 0, 12)[None, :, None] * np.ones((1, 12, 4)), qkv(CASE)[2][:1, :12]
+    for bug in (no_rescale, rescale_sum_only):
+        with mock.patch.object(kvlesson.online, "online_update", bug):
+            np.testing.assert_allclose(online_attention(q, k, v, block=4), attention(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_averaging_the_splits_is_caught():
+    def average(outs, lses):
+        """Bug: each split's output counts the same, whatever share of the weight its keys hold."""
+        return outs.mean(axis=0)
+
+    with mock.patch.object(kvlesson.online, "merge_partials", average):
+        assert differs(split_kv_attention, splits=5)
+
+
+def test_merging_without_the_max_shift_overflows():
+    outs, lses = np.ones((2, 1, 3)), np.array([[1000.0], [999.0]])
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = np.exp(lses)[..., None]
+        unshifted = (w * outs).sum(0) / w.sum(0)
+    assert np.isnan(unshifted).all()
+    np.testing.assert_array_equal(merge_partials(outs, lses), np.ones((1, 3)))
