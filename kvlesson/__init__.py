@@ -30,6 +30,7 @@ Modules, one idea each:
     precision     bfloat16 and float16: formats, rounding, a 16-bit KV cache
     perplexity    the ruler for every change to the cache, over the text in kvlesson.text
     validate      argument checks shared by everything above
+    drill         lesson 12's interview drill: configs to price, suspects to convict, a score sheet
     checks        the exercises' checkers;  widgets  the lessons' interactive pictures
 """
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache

@@ -6,6 +6,7 @@ included, and returns a Verdict: a pass, or what is wrong with a hint at why.
 from kvlesson.checks._verdict import Verdict, yours_or_ours  # noqa: F401  what every checker returns
 from kvlesson.checks.attention import *  # noqa: F403  lesson 01
 from kvlesson.checks.cache import *  # noqa: F403  lesson 03
+from kvlesson.checks.drill import *  # noqa: F403  lesson 12
 from kvlesson.checks.gqa import *  # noqa: F403  lesson 05
 from kvlesson.checks.mask import *  # noqa: F403  lesson 04
 from kvlesson.checks.precision import *  # noqa: F403  lesson 10
