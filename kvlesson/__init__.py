@@ -28,6 +28,7 @@ Modules, one idea each:
     online        online_attention and split_kv_attention: never the whole score row (FlashAttention,
                   flash-decoding)
     precision     bfloat16 and float16: formats, rounding, a 16-bit KV cache
+    quant, sinks, mla   shrinking the cache: integer codes, attention sinks, a latent instead of K and V
     perplexity    the ruler for every change to the cache, over the text in kvlesson.text
     validate      argument checks shared by everything above
     drill         lesson 12's interview drill: configs to price, suspects to convict, a score sheet
@@ -36,8 +37,10 @@ Modules, one idea each:
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache
 from kvlesson.layer import step
 from kvlesson.online import online_attention, split_kv_attention
+from kvlesson.quant import QuantizedKVCache
 from kvlesson.rope import apply_rope
 from kvlesson.sdpa import attention, causal_mask
+from kvlesson.sinks import SinkKVCache
 
 __all__ = [
     "attention",
@@ -49,4 +52,6 @@ __all__ = [
     "step",
     "online_attention",
     "split_kv_attention",
+    "QuantizedKVCache",
+    "SinkKVCache",
 ]

@@ -5,17 +5,84 @@ Two conventions pair the dimensions differently:
   half-split  (Hugging Face):       pair m is (x[m], x[m + d/2])
   interleaved (GGUF, llama.cpp):    pair m is (x[2m], x[2m + 1])
 """
+import math
+
 import numpy as np
 
 from kvlesson import validate
 
 
-def inv_freq(d, base=10000.0):
-    """-> float64 [d/2]: the frequency ladder, base**(-2m/d) radians per position for pair m."""
+def inv_freq(d, base=10000.0, scaling=None):
+    """-> float64 [d/2]: the frequency ladder, base**(-2m/d) radians per position for pair m.
+
+    scaling: None, or the `rope_scaling` dict of a model's config.json, which stretches the ladder for a longer
+    context: "linear" (every frequency / factor), "llama3" (Llama 3.1) or "yarn" (YaRN, arXiv 2309.00071).
+    Only the frequencies: YaRN's attention factor scales the scores, not the ladder, and is not returned here.
+    """
     d, base = validate.integer("d", d, minimum=2), validate.positive("base", base)
     if d % 2:
         raise ValueError(f"RoPE rotates pairs of dimensions, so d must be even; got d={d}")
-    return base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ladder = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    return ladder if scaling is None else _scaled(ladder, d, base, scaling)
+
+
+def _scaled(ladder, d, base, scaling):
+    """The ladder stretched by a config.json rope_scaling dict (keys as Hugging Face configs spell them)."""
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be a config.json rope_scaling dict or None; got {type(scaling).__name__}")
+    kind = scaling.get("rope_type", scaling.get("type"))  # older configs call it "type"
+    rules = {"linear": _linear, "llama3": _llama3, "yarn": _yarn}
+    if kind not in rules:
+        raise ValueError(f"scaling rope_type must be one of {sorted(rules)}; got rope_type={kind!r}")
+    return rules[kind](ladder, d, base, scaling)
+
+
+def _number(scaling, key, default=None):
+    """-> float: scaling[key] (or the default), a finite number above 0; the error names the key."""
+    if key not in scaling and default is None:
+        raise ValueError(f"rope_scaling of type {scaling.get('rope_type', scaling.get('type'))!r} needs {key!r}")
+    return validate.positive(f"rope_scaling[{key!r}]", scaling.get(key, default))
+
+
+def _linear(ladder, d, base, scaling):
+    """Position interpolation: every frequency divided by the factor, so position p turns like p / factor."""
+    return ladder / _number(scaling, "factor")
+
+
+def _llama3(ladder, d, base, scaling):
+    """Llama 3.1's rule: pairs with wavelengths shorter than original / high_freq_factor are kept, longer than
+    original / low_freq_factor are divided by the factor, and in between the two are blended linearly in
+    original / wavelength (the number of turns a pair makes over the original context)."""
+    factor, low, high = (_number(scaling, k) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    original = _number(scaling, "original_max_position_embeddings")
+    if high <= low:
+        raise ValueError(f"rope_scaling needs high_freq_factor > low_freq_factor; got {high} and {low}")
+    wavelength = 2 * math.pi / ladder  # positions per full turn of each pair
+    smooth = (original / wavelength - low) / (high - low)  # 0 at the long end of the blend, 1 at the short end
+    blend = (1 - smooth) * ladder / factor + smooth * ladder
+    return np.where(wavelength < original / high, ladder, np.where(wavelength > original / low, ladder / factor, blend))
+
+
+def _yarn(ladder, d, base, scaling):
+    """YaRN's frequencies: pairs that turn more than beta_fast times over the original context are kept, pairs
+    that turn fewer than beta_slow times are divided by the factor, with a linear ramp over the pair index between."""
+    factor, original = _number(scaling, "factor"), _number(scaling, "original_max_position_embeddings")
+    beta_fast, beta_slow = _number(scaling, "beta_fast", 32.0), _number(scaling, "beta_slow", 1.0)
+
+    def pair_turning(turns):  # the (fractional) pair index m that makes `turns` full turns in `original` positions
+        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = pair_turning(beta_fast), pair_turning(beta_slow)
+    truncate = scaling.get("truncate", True)  # configs may switch rounding off (gpt-oss: "truncate": false)
+    if not isinstance(truncate, bool):
+        raise TypeError(f"rope_scaling['truncate'] must be true or false; got {truncate!r}")
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if hi == lo:
+        hi += 0.001  # as the reference implementation does: a ramp needs some width
+    ramp = np.clip((np.arange(d // 2) - lo) / (hi - lo), 0, 1)  # 0: keep the pair, 1: divide by the factor
+    return ladder / factor * ramp + ladder * (1 - ramp)
 
 
 def rope_angles(positions, d, base=10000.0):

@@ -4,7 +4,7 @@ from collections import Counter
 
 import kvlesson.checks
 
-LESSONS = ["attention", "why_cache", "cache", "mask", "gqa", "rope", "window", "real_model", "precision", "drill"]
+LESSONS = ["attention", "why_cache", "cache", "mask", "gqa", "rope", "window", "real_model", "precision", "drill", "shrink"]
 
 
 def test_no_checker_name_is_exported_twice():

@@ -12,5 +12,6 @@ from kvlesson.checks.mask import *  # noqa: F403  lesson 04
 from kvlesson.checks.precision import *  # noqa: F403  lesson 10
 from kvlesson.checks.real_model import *  # noqa: F403  lesson 08
 from kvlesson.checks.rope import *  # noqa: F403  lesson 06
+from kvlesson.checks.shrink import *  # noqa: F403  lesson 11
 from kvlesson.checks.why_cache import *  # noqa: F403  lesson 02
 from kvlesson.checks.window import *  # noqa: F403  lesson 07
