@@ -277,24 +277,3 @@ def _short(e):
     text = str(e).strip().splitlines()
     return text[0][:200] if text else ""
 
-
-# ---- the pre-@checker helpers, kept until every lesson's checkers use run/reject (then deleted)
-
-
-def call(fn, *args, **kwargs):
-    """Legacy: (result, None) or (None, failed Verdict)."""
-    try:
-        return fn(*args, **kwargs), None
-    except NotImplementedError:
-        return None, Verdict(False, problem=STUB_PROBLEM, hint=STUB_HINT, stub=True)
-    except Exception as e:
-        return None, failed(f"your function raised {type(e).__name__}: {e}", "run it on the case above to see where")
-
-
-def compare(got, want, case, rtol=1e-6, atol=1e-8):
-    """Legacy: None when they agree, else a failed Verdict."""
-    try:
-        expect_close(got, want, case, rtol, atol)
-    except Reject as r:
-        return r.verdict
-    return None
