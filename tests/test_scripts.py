@@ -46,3 +46,13 @@ def test_a_stalled_round_is_flagged_and_kept_out_of_the_spread(scripts_on_path):
     assert stalled == [2] and med["plain"] == 0.031
     rows = [{"plain": t} for t in (0.031, 0.030, 0.032)]
     assert bench.rounds_table(rows, ["plain"])[1] == []
+
+
+def test_causal_corner_says_what_it_needs_without_torch():
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed here; the script would run the comparison")
+    except ImportError:
+        pass
+    run = subprocess.run([sys.executable, str(SCRIPTS / "causal_corner.py")], capture_output=True, text=True)
+    assert run.returncode == 2 and "requirements-reference.txt" in run.stderr
