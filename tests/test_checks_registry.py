@@ -4,7 +4,8 @@ from collections import Counter
 
 import kvlesson.checks
 
-LESSONS = ["attention", "why_cache", "cache", "mask", "gqa", "rope", "window", "real_model", "precision", "drill", "shrink"]
+LESSONS = ["attention", "why_cache", "cache", "mask", "gqa", "rope", "window", "real_model", "many", "precision",
+           "shrink", "drill"]
 
 
 def test_no_checker_name_is_exported_twice():

@@ -8,6 +8,7 @@ from kvlesson.checks.attention import *  # noqa: F403  lesson 01
 from kvlesson.checks.cache import *  # noqa: F403  lesson 03
 from kvlesson.checks.drill import *  # noqa: F403  lesson 12
 from kvlesson.checks.gqa import *  # noqa: F403  lesson 05
+from kvlesson.checks.many import *  # noqa: F403  lesson 09
 from kvlesson.checks.mask import *  # noqa: F403  lesson 04
 from kvlesson.checks.precision import *  # noqa: F403  lesson 10
 from kvlesson.checks.real_model import *  # noqa: F403  lesson 08

@@ -1,0 +1,105 @@
+"""The lesson 09 tests must be able to fail: each bug the lesson demonstrates, swapped in, breaks one of them.
+
+  - pads left visible to real queries: the padded batch's outputs differ from each sequence alone;
+  - RoPE positions that count the left pads: the outputs survive (RoPE sees only distances) but the keys each
+    sequence leaves in the cache do not, so the invariance test, which checks both, fails;
+  - a paged pool without copy-on-write: a child's append lands in a block its parent still uses;
+  - a batched decode step without the length mask, or with one position for the whole batch.
+"""
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import kvlesson.batch
+import kvlesson.padding
+from kvlesson import model as kvmodel
+from kvlesson.paged import PagedKVCache
+from kvlesson.sdpa import causal_mask
+from tests import test_batch, test_padding
+from tests.test_paged import play
+
+CASE = dict(lengths=[5, 2, 3], steps=3, H=4, Hkv=2, d=8, D=16, rope_base=1e4, interleaved=False, seed=3)
+
+
+def test_the_unmutated_padded_batch_passes():
+    out, cache = test_padding.errors(CASE)
+    assert out < 1e-12 and cache < 1e-12
+
+
+def test_pads_left_visible_are_caught():
+    def no_pad_mask(pads, T, S):
+        return np.broadcast_to(causal_mask(T, S), (len(pads), T, S))
+
+    with mock.patch.object(kvlesson.padding, "pad_mask", no_pad_mask):
+        out, _ = test_padding.errors(CASE)
+    assert out > 0.1
+
+
+def test_rope_positions_counting_left_pads_are_caught_in_the_cache():
+    """Every sequence is shifted by its own pad count, and RoPE scores depend only on distances: the outputs stay
+    equal to rounding. The rotated keys in the cache do not, and the test compares them too."""
+    def column_positions(pads, T, S):
+        return np.broadcast_to(np.arange(S - T, S), (len(pads), T))
+
+    with mock.patch.object(kvlesson.padding, "pad_positions", column_positions):
+        out, cache = test_padding.errors(CASE)
+    assert out < 1e-12 and cache > 0.1
+
+
+def reserve_without_copy(self, seq, T):
+    """The bug: grow the table, but write into the last block even when another sequence shares it."""
+    table, L, bs = self._table(seq), self._lens[seq], self.block_size
+    fresh = -(-(L + T) // bs) - len(table)
+    if fresh > self.blocks_free:
+        raise ValueError("out of blocks")
+    table.extend(self._take() for _ in range(fresh))
+    self._lens[seq] = L + T
+    p = np.arange(L, L + T)
+    return np.asarray(table, dtype=np.intp)[p // bs], p % bs
+
+
+FORK_THEN_BOTH_APPEND = [("new",), ("append", 0, 6), ("fork", 0), ("append", 0, 1), ("append", 1, 1)]
+
+
+def test_the_unmutated_pool_passes_the_fork_script():
+    play(PagedKVCache(8, 4, 2, 3), FORK_THEN_BOTH_APPEND)
+
+
+def test_forgetting_copy_on_write_is_caught():
+    with mock.patch.object(PagedKVCache, "reserve", reserve_without_copy), \
+            pytest.raises(AssertionError, match="sequence 0 differs"):
+        play(PagedKVCache(8, 4, 2, 3), FORK_THEN_BOTH_APPEND)
+
+
+MIX = dict(prompts=[[3, 1, 4, 1, 5, 9], [2, 6], [5, 3, 5]], steps=3, leave=0, seed=5, block_size=2)
+
+
+def test_the_unmutated_batched_decode_passes():
+    test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
+
+
+def test_a_batched_decode_without_the_length_mask_is_caught():
+    """Shorter sequences would attend over the rest of their last block and over the padding blocks."""
+    attend = kvlesson.batch.batched_attention
+
+    def unmasked(q, K, V, mask):
+        return attend(q, K, V, np.ones_like(mask))
+
+    with mock.patch.object(kvlesson.batch, "batched_attention", unmasked), pytest.raises(AssertionError):
+        test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
+
+
+def test_one_position_for_the_whole_batch_is_caught():
+    """RoPE at the longest sequence's position for every row: the decode-time twin of counting pads."""
+    real_rope = kvlesson.batch.apply_rope
+
+    def shared_rope(x, positions, base, *, interleaved=False):
+        return real_rope(x, np.full_like(positions, max(positions)), base, interleaved=interleaved)
+
+    with mock.patch.object(kvlesson.batch, "apply_rope", shared_rope), pytest.raises(AssertionError):
+        test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
+
+
+def test_the_tiny_model_has_rope():
+    assert kvmodel.tiny_config().rope_base  # else the last mutant could not be caught
