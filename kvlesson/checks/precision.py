@@ -276,3 +276,8 @@ def _merge_verdict(got, want, outs, lses, case):
     err = np.abs(got.astype(np.float64) - want).max()
     reject(f"for {case} the merged output differs from attention over all the keys (max abs error {err:.3g})",
            "top = lses.max(axis=0); w = np.exp(lses - top)[..., None]; return (w * outs).sum(0) / w.sum(0)")
+
+
+# what later cells fall back on (checks.yours_or_ours) while an exercise is unsolved
+check_online_update.reference = online_update
+check_lse_merge.reference = merge_partials
