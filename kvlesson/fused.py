@@ -8,14 +8,15 @@ side once at load time, they make two matrix products per layer where kvlesson.m
 
 At batch 1 a decode step is a stream of matrix-vector products, bound by memory bandwidth; fewer, larger
 products stream closer to the bandwidth (measured in scripts/bench.py) and cost fewer Python-level calls.
-The arithmetic is the same: each output column is the same dot product, so results agree with the plain
-forward pass up to float32 summation order. Everything after the projections is kvlesson.layer.attend,
-the second half of the step the lessons teach.
+Queries and keys sit at the same positions, so they are rotated in one call too. The arithmetic is the same:
+each output column is the same dot product, so results agree with the plain forward pass up to float32
+summation order. Everything after that is kvlesson.layer.attend, the second half of the step the lessons teach.
 """
 import numpy as np
 
 from kvlesson.layer import attend
 from kvlesson.model import rms_norm, silu
+from kvlesson.rope import apply_rope
 
 
 def fuse(cfg, w):
@@ -39,15 +40,15 @@ def forward(cfg, fw, ids, caches):
     H, Hkv, d, hidden = cfg.H, cfg.Hkv, cfg.d, cfg.hidden
     x = fw["token_embd.weight"][np.asarray(ids, dtype=np.int64)]  # [T, D]
     T = x.shape[0]
+    positions = np.arange(len(caches[0]), len(caches[0]) + T)  # absolute, the same in every layer
     for i, cache in enumerate(caches):
         b = f"blk.{i}."
         h = rms_norm(x, fw[b + "attn_norm.weight"], cfg.norm_eps)
         qkv = h @ fw[b + "attn_qkv.weight"]  # [T, (H + 2 Hkv) d]: one product instead of three
-        q = qkv[:, : H * d].reshape(T, H, d).transpose(1, 0, 2)  # [H, T, d]
-        k = qkv[:, H * d : (H + Hkv) * d].reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
+        qk = qkv[:, : (H + Hkv) * d].reshape(T, H + Hkv, d).transpose(1, 0, 2)  # [H + Hkv, T, d]
+        qk = apply_rope(qk, positions, cfg.rope_base, interleaved=cfg.rope_interleaved)  # one rotation for both
         v = qkv[:, (H + Hkv) * d :].reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
-        a = attend(q, k, v, cache, window=getattr(cache, "window", None), rope_base=cfg.rope_base,
-                   interleaved=cfg.rope_interleaved)  # [T, H*d]
+        a = attend(qk[:H], qk[H:], v, cache, window=getattr(cache, "window", None))  # [T, H*d], rotated already
         x = x + a @ fw[b + "attn_output.weight"]
         h = rms_norm(x, fw[b + "ffn_norm.weight"], cfg.norm_eps)
         gu = h @ fw[b + "ffn_gate_up.weight"]  # [T, 2 hidden]: one product instead of two

@@ -5,6 +5,7 @@ Two conventions pair the dimensions differently:
   half-split  (Hugging Face):       pair m is (x[m], x[m + d/2])
   interleaved (GGUF, llama.cpp):    pair m is (x[2m], x[2m + 1])
 """
+import functools
 import math
 
 import numpy as np
@@ -22,8 +23,15 @@ def inv_freq(d, base=10000.0, scaling=None):
     d, base = validate.integer("d", d, minimum=2), validate.positive("base", base)
     if d % 2:
         raise ValueError(f"RoPE rotates pairs of dimensions, so d must be even; got d={d}")
-    ladder = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    return ladder if scaling is None else _scaled(ladder, d, base, scaling)
+    ladder = _ladder(d, base)
+    return ladder.copy() if scaling is None else _scaled(ladder, d, base, scaling)
+
+
+@functools.lru_cache(maxsize=32)
+def _ladder(d, base):
+    ladder = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
+    ladder.flags.writeable = False  # shared by every call with the same d and base
+    return ladder
 
 
 def _scaled(ladder, d, base, scaling):
@@ -90,6 +98,27 @@ def rope_angles(positions, d, base=10000.0):
     return _positions(positions)[:, None] * inv_freq(d, base)[None, :]
 
 
+# A decode step rotates q and k in every layer at the same positions, so the cos and sin tables are kept: keyed
+# by the positions and by the ladder's own bytes (whatever inv_freq returns, a patched one included) and dtype.
+_TABLES = {}
+_MAX_TABLES = 64
+
+
+def _cos_sin(positions, ladder, dtype):
+    """float64 [T], float64 [d/2], dtype -> read-only (cos, sin), each [T, d/2] in dtype."""
+    key = (positions.tobytes(), ladder.tobytes(), dtype.str)
+    tables = _TABLES.get(key)
+    if tables is None:
+        angles = positions[:, None] * ladder[None, :]  # [T, d/2], float64: see apply_rope
+        tables = (np.cos(angles).astype(dtype), np.sin(angles).astype(dtype))
+        for t in tables:
+            t.flags.writeable = False
+        if len(_TABLES) >= _MAX_TABLES:
+            _TABLES.clear()
+        _TABLES[key] = tables
+    return tables
+
+
 def _positions(positions):
     """-> float64 [T]: finite real positions (integers in practice); bools and NaN refused."""
     p = np.asarray(positions)
@@ -117,8 +146,7 @@ def apply_rope(x, positions, base=10000.0, *, interleaved=False):
     positions = _positions(positions)
     if positions.shape != (x.shape[-2],):
         raise ValueError(f"need one position per token: x {x.shape} has T={x.shape[-2]}, positions {positions.shape}")
-    angles = rope_angles(positions, d, base)  # [T, d/2]
-    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    cos, sin = _cos_sin(positions, inv_freq(d, base), x.dtype)  # [T, d/2] each
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]
     else:

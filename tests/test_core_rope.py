@@ -58,3 +58,21 @@ def test_float32_tables_do_not_upcast():
     # angles in float64, cast once: at position 100,000 float32 angles would be off by ~0.004 rad
     want = apply_rope(x.astype(np.float64), [0, 5_000, 100_000], 100000.0)
     np.testing.assert_allclose(apply_rope(x, [0, 5_000, 100_000], 100000.0), want, rtol=0, atol=1e-6)
+
+
+def test_the_kept_tables_follow_the_ladder_a_patch_included():
+    """apply_rope keeps cos/sin tables per (positions, ladder); patching inv_freq (as lesson 11 does) must still
+    take effect, and a table handed out must not be writable."""
+    from unittest import mock
+
+    from kvlesson import rope
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 8))
+    plain = apply_rope(x, [5, 6, 7])
+    with mock.patch.object(rope, "inv_freq", lambda d, base: rope._ladder(d, base) / 8):
+        stretched = apply_rope(x, [5, 6, 7])
+    assert not np.allclose(plain, stretched)
+    np.testing.assert_array_equal(apply_rope(x, [5, 6, 7]), plain)
+    cos, _ = rope._cos_sin(np.arange(3.0), rope.inv_freq(8), np.dtype(np.float64))
+    with pytest.raises(ValueError):
+        cos[0, 0] = 1.0
