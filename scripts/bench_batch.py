@@ -27,6 +27,7 @@ from unittest import mock
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count()))  # before numpy loads OpenBLAS
 import numpy as np  # noqa: E402
+from bench import kvlesson_decode  # noqa: E402  lesson 08's batch-1 decode step, timed as bench.py times it
 
 from kvlesson import batch, configs, llama, roofline  # noqa: E402
 from kvlesson.rope import apply_rope  # noqa: E402
@@ -101,19 +102,6 @@ def loop_paged_step(h, Wq, Wk, Wv, pool, layer, at, H, Hkv, *, rope_base=None, i
         K, V = batch.gather_pages(pool, heads, table[None, : -(-L // pool.block_size)])
         out[i] = attention(q[:, i:i + 1], K[0, :, :L], V[0, :, :L])[:, 0]
     return out.reshape(B, H * d)
-
-
-def plain_decode(model, ids, steps):
-    """Median seconds of one model.forward decode step on a StaticKVCache: lesson 08's batch-1 path."""
-    cache = model.new_cache(capacity=len(ids) + steps)
-    logits = model.forward(ids, cache)
-    times = []
-    for _ in range(steps):
-        nxt = int(logits[-1].argmax())
-        t = time.perf_counter()
-        logits = model.forward([nxt], cache)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def chunk_seconds(model, tokens):
@@ -245,7 +233,7 @@ def decode_tables(model, ids, args):
     text = model.tokenizer.encode(long_text())
     rounds = []
     for r in range(args.rounds):
-        row = {"plain": plain_decode(model, ids[0], args.steps)}
+        row = {"plain": kvlesson_decode(model, ids[0], args.steps)}
         for B in args.batches:
             row[B] = pre.decode(B, args.steps)
             row[f"chunk {B}"] = chunk_seconds(model, text[:B])

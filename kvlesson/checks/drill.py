@@ -25,6 +25,7 @@ from kvlesson.checks._verdict import (
     Verdict,
     as_number,
     checker,
+    distinct_digits,
     passed,
     reject,
     run,
@@ -226,7 +227,7 @@ def _numbers(fn, cases, reference, slips, unit, hint, summary):
     if not wrong:
         return passed(summary)
     case, args, got, want = wrong[0]
-    shown, expected = _digits(got, want)
+    shown, expected = distinct_digits(got, want)
     problem = f"for {case} you return {shown} {unit}; expected {expected} {unit}"
     slip = next((s for s in slips if all(_gives(s, a[1], a[2]) for a in answers)), None) \
         or next((s for s in slips if _gives(s, args, got)), None)
@@ -247,15 +248,6 @@ def _close(a, b):
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def _digits(got, want):
-    """got and want as text, with enough significant digits to tell them apart."""
-    if float(got).is_integer() and float(want).is_integer() and max(abs(got), abs(want)) < 1e18:
-        return f"{int(got):,}", f"{int(want):,}"
-    for n in range(4, 13):
-        a, b = f"{got:,.{n}g}", f"{want:,.{n}g}"
-        if a != b:
-            return a, b
-    return repr(got), repr(want)
 
 
 # ---------------------------------------------------------------------------------------------- find the bug

@@ -12,7 +12,7 @@ import tracemalloc
 import numpy as np
 
 from kvlesson import attention
-from kvlesson.checks._verdict import Slip, as_array, as_number, checker, passed, reject, run
+from kvlesson.checks._verdict import Slip, as_array, as_number, checker, distinct_digits, passed, reject, run
 from kvlesson.configs import ACCELERATORS, MODELS, Config
 from kvlesson.memory import decode_floor, kv_bytes, kv_bytes_per_token, weight_bytes
 
@@ -39,15 +39,6 @@ def _explaining_slip(answers, slips):
     return next((s for s in slips if gives(s, first_wrong[0], first_wrong[1])), None)
 
 
-def _digits(got, want):
-    """got and want as text, with enough significant digits to tell them apart (up to 12)."""
-    if float(got).is_integer() and float(want).is_integer() and max(abs(got), abs(want)) < 1e18:
-        return f"{int(got):,}", f"{int(want):,}"
-    for n in range(4, 13):
-        a, b = f"{got:,.{n}g}", f"{want:,.{n}g}"
-        if a != b:
-            return a, b
-    return f"{got!r}", f"{want!r}"
 
 
 def _answers(fn, cases, reference):
@@ -64,7 +55,7 @@ def _verdict_on(answers, cases, slips, unit, generic_hint, summary):
     if not wrong:
         return passed(summary)
     (args, got, want), case = wrong[0]
-    shown, expected = _digits(got, want)
+    shown, expected = distinct_digits(got, want)
     problem = f"for {case} you return {shown} {unit}; expected {expected} {unit}"
     slip = _explaining_slip(answers, slips)
     if slip is not None:
