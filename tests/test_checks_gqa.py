@@ -228,15 +228,6 @@ def test_a_student_copy_not_filled_in_gets_the_package_message(checker):
     assert not verdict and "NotImplementedError" in repr(verdict)
 
 
-def test_the_package_exports_these_checkers_unshadowed():
-    """kvlesson.checks star-imports every lesson's module: a later module with the same name would win silently."""
-    import kvlesson.checks
-    import kvlesson.checks.gqa
-
-    for name in kvlesson.checks.gqa.__all__:
-        assert getattr(kvlesson.checks, name) is getattr(kvlesson.checks.gqa, name), name
-
-
 def test_the_copy_probe_leaves_a_running_tracemalloc_running():
     """A learner measuring their own allocations (section 2.5) keeps tracemalloc on across the checker."""
     import tracemalloc
