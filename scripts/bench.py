@@ -214,8 +214,9 @@ def main(argv=None):
     of_floor = {n: [row["floor"] / row[n] for row in quiet] for n in ("plain", "fused", "bare")}
     print(f"\n#### kvlesson decode benchmark, {datetime.date.today()}, {os.cpu_count()} cores "
           f"({platform.machine()}), numpy {np.__version__}" + (f", {ref[2]}" if ref else ""))
+    threads = f"{args.threads} thread" + ("" if str(args.threads) == "1" else "s")
     print(f"\nSmolLM2-135M-Instruct, float32, batch 1, {args.prompt}-token prompt ({text_name}), {args.rounds} "
-          f"interleaved rounds of {args.steps} decode steps; {args.threads} threads for each library (OpenBLAS "
+          f"interleaved rounds of {args.steps} decode steps; {threads} for each library (OpenBLAS "
           f"{blas}); medians over rounds, spread over the {len(quiet)} rounds that did not stall.\n")
     if stalled:
         print(f"Stalled rounds, left out of the spread: {', '.join(str(i + 1) for i in stalled)} "
