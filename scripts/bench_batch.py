@@ -26,6 +26,7 @@ import time
 from unittest import mock
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count()))  # before numpy loads OpenBLAS
+import hf_reference  # noqa: E402  (imports torch only when asked to load)
 import numpy as np  # noqa: E402
 from bench import kvlesson_decode  # noqa: E402  lesson 08's batch-1 decode step, timed as bench.py times it
 
@@ -137,19 +138,14 @@ def latencies(model, ids, n, max_batch):
 def transformers_generate(hf, ids, n, pad_id):
     """Seconds for transformers' generate on the left-padded batch, and its new tokens."""
     import torch
-    from transformers import GenerationConfig
 
     T = max(map(len, ids))
-    # no end-of-sequence token: both sides generate exactly n tokens, as kvlesson's generate does (min_new_tokens
-    # would instead hide the end token from the argmax and change the greedy choice wherever it would win)
-    config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
     input_ids = torch.tensor([[pad_id] * (T - len(p)) + p for p in ids])
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in ids])
-    with torch.inference_mode():
-        t = time.perf_counter()
-        out = hf.generate(input_ids, attention_mask=mask, generation_config=config)
-        seconds = time.perf_counter() - t
-    return seconds, out[:, T:].tolist()
+    t = time.perf_counter()
+    out = hf_reference.greedy(hf, input_ids, mask, n, pad_id)  # no end token: n tokens per row, as kvlesson
+    seconds = time.perf_counter() - t
+    return seconds, out.tolist()
 
 
 def settle(seconds=0.3):
@@ -197,7 +193,6 @@ def main(argv=None):
     ids = prompts(model, max(args.batches + [args.hf_prompts, args.requests]))
     ref = None
     if not args.no_transformers:
-        import hf_reference
         ref = hf_reference.load(threads=THREADS)
     print(f"### kvlesson batched decode benchmark, {datetime.date.today()}, {os.cpu_count()} cores "
           f"({platform.machine()}, {platform.processor() or 'cpu'}), Python {sys.version.split()[0]}, "

@@ -70,10 +70,8 @@ def main(argv=None):
 
     prompt = model.tokenizer.encode(model.chat_prompt("Explain in two sentences why the sky is blue."))
     ours_new = model.generate(prompt, args.new)
-    with torch.inference_mode():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=args.new, min_new_tokens=args.new,
-                          do_sample=False, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    ref_new = out[0, len(prompt):].tolist()
+    ref_new = hf_reference.greedy(hf, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long),
+                                  args.new)[0].tolist()
     same = next((i for i, (a, b) in enumerate(zip(ours_new, ref_new, strict=True)) if a != b), len(ours_new))
     print(f"\ngreedy {args.new} tokens after a {len(prompt)}-token chat prompt:")
     print(f"  identical: {ours_new == ref_new} ({same} of {args.new} tokens agree before the first difference)")

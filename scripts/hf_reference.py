@@ -26,3 +26,23 @@ def load(threads=None, tokenizer=False):
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name) if tokenizer else None
     return hf, tok, f"transformers {transformers.__version__}, torch {torch.__version__}"
+
+
+def greedy(hf, input_ids, attention_mask, n, pad_id=None):
+    """transformers' generate, greedy, exactly n new tokens per row -> [B, n] tensor, as kvlesson's generate makes.
+
+    An eos_token_id left unset is filled in from the model's own generation config (<|im_end|> for SmolLM2), and a
+    row that reaches it gets pads from then on. Clearing it there is the only way to have no end token: setting
+    min_new_tokens instead hides the end token from the argmax, which changes the greedy choice wherever it wins.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
+    saved, hf.generation_config.eos_token_id = hf.generation_config.eos_token_id, None
+    try:
+        with torch.inference_mode():
+            out = hf.generate(input_ids, attention_mask=attention_mask, generation_config=config)
+    finally:
+        hf.generation_config.eos_token_id = saved
+    return out[:, input_ids.shape[1]:]

@@ -56,3 +56,26 @@ def test_causal_corner_says_what_it_needs_without_torch():
         pass
     run = subprocess.run([sys.executable, str(SCRIPTS / "causal_corner.py")], capture_output=True, text=True)
     assert run.returncode == 2 and "requirements-reference.txt" in run.stderr
+
+
+def test_the_reference_generates_exactly_n_tokens_with_no_end_token(scripts_on_path):
+    """transformers fills an eos_token_id left unset from the model's own config and stops a row there, where
+    kvlesson's generate goes on: hf_reference.greedy must clear it for the call, and put it back after."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import types
+
+    import hf_reference
+
+    class Model:
+        generation_config = types.SimpleNamespace(eos_token_id=2)
+
+        def generate(self, input_ids, attention_mask, generation_config):
+            self.eos_seen = (self.generation_config.eos_token_id, generation_config.eos_token_id)
+            return torch.cat([input_ids, torch.zeros(input_ids.shape[0], generation_config.max_new_tokens,
+                                                     dtype=input_ids.dtype)], dim=1)
+
+    hf = Model()
+    out = hf_reference.greedy(hf, torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long), 3)
+    assert hf.eos_seen == (None, None) and out.shape == (2, 3)
+    assert hf.generation_config.eos_token_id == 2
