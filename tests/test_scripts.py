@@ -27,13 +27,15 @@ def test_the_benchmark_runs_and_prints_its_table(scripts_on_path, capsys):
     assert out.count("| rows of [") == 8  # every matrix shape, with the memory order the loader keeps
 
 
-def test_compare_hf_says_what_it_needs_without_transformers():
+@pytest.mark.parametrize("script, needs", [("compare_hf.py", "transformers"), ("causal_corner.py", "torch")])
+def test_a_reference_script_says_what_it_needs(script, needs):
+    """Without the optional extras, each reference script names the file to install from and exits with 2."""
     try:
-        import transformers  # noqa: F401
-        pytest.skip("transformers is installed here; the script would run the full comparison")
+        __import__(needs)
+        pytest.skip(f"{needs} is installed here; {script} would run in full")
     except ImportError:
         pass
-    run = subprocess.run([sys.executable, str(SCRIPTS / "compare_hf.py")], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, str(SCRIPTS / script)], capture_output=True, text=True)
     assert run.returncode == 2 and "requirements-reference.txt" in run.stderr
 
 
@@ -46,16 +48,6 @@ def test_a_stalled_round_is_flagged_and_kept_out_of_the_spread(scripts_on_path):
     assert stalled == [2] and med["plain"] == 0.031
     rows = [{"plain": t} for t in (0.031, 0.030, 0.032)]
     assert bench.rounds_table(rows, ["plain"])[1] == []
-
-
-def test_causal_corner_says_what_it_needs_without_torch():
-    try:
-        import torch  # noqa: F401
-        pytest.skip("torch is installed here; the script would run the comparison")
-    except ImportError:
-        pass
-    run = subprocess.run([sys.executable, str(SCRIPTS / "causal_corner.py")], capture_output=True, text=True)
-    assert run.returncode == 2 and "requirements-reference.txt" in run.stderr
 
 
 def test_the_reference_generates_exactly_n_tokens_with_no_end_token(scripts_on_path):
