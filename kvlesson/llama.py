@@ -31,13 +31,33 @@ class Model:
         self.config, self.weights, self.tokenizer = config, weights, tokenizer
         self.chat_template = chat_template  # the Jinja template stored in the file, for reference
 
+    @property
+    def dtype(self):
+        return self.weights["output.weight"].dtype  # float32 as loaded
+
+    def astype(self, dtype):
+        """The same model with every weight cast to `dtype`; its caches, activations and logits follow.
+
+        float64 is for experiments whose result must not depend on the CPU: float32 sums come out in another order
+        under another BLAS kernel, and a quantizer's rounding can then go the other way. A tied table stays one
+        array. Costs a copy of the weights (1.1 GB for SmolLM2 in float64).
+        """
+        dtype = np.dtype(dtype)
+        if dtype.kind != "f":
+            raise TypeError(f"dtype must be a floating dtype such as np.float64; got dtype={dtype}")
+        w = {name: a.astype(dtype) for name, a in self.weights.items() if name != "token_embd.weight"}
+        tied = layout.is_tied(self.weights)
+        w["token_embd.weight"] = w["output.weight"].T if tied else self.weights["token_embd.weight"].astype(dtype)
+        return type(self)(self.config, w, self.tokenizer, self.chat_template)
+
     def fused(self):
         """The same model with Q/K/V and gate/up fused into one product each (kvlesson.fused): same logits up to
         float32 summation order, faster decoding. Costs a copy of those weights (about 280 MB for SmolLM2)."""
         return FusedModel(self.config, fused.fuse(self.config, self.weights), self.tokenizer, self.chat_template)
 
     def new_cache(self, capacity=None, static=True):
-        """One empty cache per layer: float32 StaticKVCache of `capacity` positions (default config.max_len).
+        """One empty cache per layer: a StaticKVCache of `capacity` positions (default config.max_len), in the
+        model's dtype.
 
         static=False gives growing KVCache objects instead. The model's position is len(caches[0]).
         """
@@ -46,10 +66,10 @@ class Model:
             capacity = validate.integer("capacity", capacity)
             if static:
                 cfg = _model.with_max_len(cfg, capacity)
-        return _model.new_cache(cfg, np.float32, static=static)
+        return _model.new_cache(cfg, self.dtype, static=static)
 
     def forward(self, ids, caches=None):
-        """[T] token ids -> float32 [T, vocab] logits.
+        """[T] token ids -> [T, vocab] logits in the model's dtype (float32 as loaded).
 
         With caches (one per layer, from new_cache()), the T tokens are appended at positions len(caches[0])
         onward. With caches=None, the ids are run as one fresh sequence and nothing is kept. Everything is
@@ -60,7 +80,7 @@ class Model:
             caches = self.new_cache(capacity=max(len(ids), 1))
         self._check_caches(caches, len(ids))
         if not ids:
-            return np.zeros((0, self.config.vocab), np.float32)
+            return np.zeros((0, self.config.vocab), self.dtype)
         return self._forward(self.config, self.weights, ids, caches)
 
     def generate(self, ids, max_new_tokens, use_cache=True):
@@ -77,7 +97,8 @@ class Model:
                              "positions")
         if n == 0:
             return []
-        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, forward=self._forward)
+        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, dtype=self.dtype,
+                               forward=self._forward)
 
     def generate_batch(self, prompts, max_new_tokens, *, max_batch=64, block_size=16):
         """Greedy decoding of many prompts together -> one list of new token ids per prompt.

@@ -6,6 +6,10 @@ its bets evenly over k tokens at every step would score k. Lower is better.
 
 The text goes through the model in chunks onto one set of caches (chunked prefill), so any cache that follows
 the protocol, quantized or windowed, can be measured the same way.
+
+One stretch of text is one sample. A change to the cache that costs 2% on one window can cost 10% on the next, so
+`windows` cuts the text into several evenly spaced windows, `window_nll` runs each on fresh caches, and a change is
+judged by its spread over the windows, not by one number.
 """
 import math
 
@@ -38,3 +42,24 @@ def token_nll(model, ids, caches=None, chunk=256):
 def perplexity(model, ids, caches=None, chunk=256):
     """-> exp(mean NLL) of the model over ids (see token_nll)."""
     return math.exp(token_nll(model, ids, caches, chunk).mean())
+
+
+def windows(ids, n, length):
+    """-> n lists of length + 1 ids (length predictions each), evenly spaced over ids: the first starts at the first
+    token, the last ends at the last one. They overlap only when the text is shorter than n * (length + 1)."""
+    ids = list(ids)
+    n, length = validate.integer("n", n, minimum=1), validate.integer("length", length, minimum=1)
+    if len(ids) < length + 1:
+        raise ValueError(f"a window of length={length} predictions needs {length + 1} ids; the text has {len(ids)}")
+    starts = np.linspace(0, len(ids) - length - 1, n).round().astype(int)  # [n]
+    return [ids[s : s + length + 1] for s in starts]
+
+
+def window_nll(model, windows, new_caches, chunk=256):
+    """-> float64 [n, length]: token_nll of each window, each read through fresh caches from new_caches(capacity).
+
+    new_caches(capacity) -> one empty cache per layer that can hold `capacity` positions (the caller picks the
+    kind: quantized, windowed, the model's own)."""
+    if not windows or len({len(w) for w in windows}) != 1:
+        raise ValueError(f"need one or more windows of equal length; got lengths {[len(w) for w in windows]}")
+    return np.stack([token_nll(model, w, new_caches(len(w) - 1), chunk) for w in windows])

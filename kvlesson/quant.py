@@ -16,30 +16,33 @@ dtype) until their block fills, as in KIVI. Codes of fewer than 8 bits are packe
 import numpy as np
 
 from kvlesson import validate
-from kvlesson.cache import _Cache
+from kvlesson.cache import _Cache, _float_dtype
 
 BITS = (2, 4, 8)
 
 
-def quantize(x, bits, axis):
+def quantize(x, bits, axis, dtype=None):
     """x [..., n, ...] -> (codes uint8 like x, scale, lo): the n numbers along `axis` share one (scale, lo), kept
-    there as a size-1 axis, in x's dtype. A group whose numbers are all equal gets scale 1 and code 0, so it comes
-    back exact instead of as 0/0.
+    there as a size-1 axis, stored in `dtype` (default: x's dtype). The codes are chosen for the stored scale and
+    minimum, so each number comes back within half a step of itself (plus the rounding of lo to `dtype`). A group
+    whose numbers are all equal gets scale 1 and code 0, so it comes back exact instead of as 0/0.
     """
     x, bits = validate.floats("x", x), _bits(bits)
+    dtype = x.dtype if dtype is None else np.dtype(dtype)
     if x.size and not np.isfinite(x).all():
         raise ValueError("x must be finite to be quantized; got nan or inf")
     levels = 2**bits - 1
-    lo = x.min(axis=axis, keepdims=True)
+    lo = x.min(axis=axis, keepdims=True).astype(dtype)
     span = x.max(axis=axis, keepdims=True) - lo
-    scale = np.where(span > 0, span / levels, 1).astype(x.dtype)  # cast: float32 stays float32
+    scale = np.where(span > 0, span / levels, 1).astype(dtype)  # cast: float32 stays float32
     codes = np.clip(np.rint((x - lo) / scale), 0, levels).astype(np.uint8)
     return codes, scale, lo
 
 
-def dequantize(codes, scale, lo):
-    """codes, scale, lo -> lo + scale * code, in the dtype of scale."""
-    return lo + codes.astype(scale.dtype) * scale
+def dequantize(codes, scale, lo, dtype=None):
+    """codes, scale, lo -> lo + scale * code, in `dtype` (default: the dtype of scale)."""
+    dtype = scale.dtype if dtype is None else np.dtype(dtype)
+    return lo.astype(dtype, copy=False) + codes.astype(dtype) * scale.astype(dtype, copy=False)
 
 
 def pack(codes, bits):
@@ -74,15 +77,16 @@ def _bits(bits):
 class _Rows:
     """Per-token quantized rows [Hkv, S, d]: one (scale, lo) per `group` channels of each token."""
 
-    def __init__(self, Hkv, d, bits, group, dtype):
-        self.d, self.bits, self.group = d, bits, group
+    def __init__(self, Hkv, d, bits, group, dtype, scale_dtype):
+        self.d, self.bits, self.group, self.dtype = d, bits, group, dtype
         self.codes = np.zeros((Hkv, 0, d * bits // 8), np.uint8)  # [Hkv, S, d * bits / 8]
-        self.scale = np.zeros((Hkv, 0, d // group, 1), dtype)  # [Hkv, S, d / group, 1]
-        self.lo = np.zeros((Hkv, 0, d // group, 1), dtype)
+        self.scale = np.zeros((Hkv, 0, d // group, 1), scale_dtype)  # [Hkv, S, d / group, 1]
+        self.lo = np.zeros((Hkv, 0, d // group, 1), scale_dtype)
 
     def add(self, x):  # x [Hkv, T, d]
         Hkv, T, d = x.shape
-        codes, scale, lo = quantize(x.reshape(Hkv, T, d // self.group, self.group), self.bits, axis=-1)
+        codes, scale, lo = quantize(x.reshape(Hkv, T, d // self.group, self.group), self.bits, axis=-1,
+                                    dtype=self.scale.dtype)
         self.codes = np.concatenate([self.codes, pack(codes.reshape(Hkv, T, d), self.bits)], axis=1)
         self.scale = np.concatenate([self.scale, scale], axis=1)
         self.lo = np.concatenate([self.lo, lo], axis=1)
@@ -90,7 +94,7 @@ class _Rows:
     def read(self):  # -> [Hkv, S, d]
         Hkv, S = self.codes.shape[:2]
         codes = unpack(self.codes, self.bits).reshape(Hkv, S, self.d // self.group, self.group)
-        return dequantize(codes, self.scale, self.lo).reshape(Hkv, S, self.d)
+        return dequantize(codes, self.scale, self.lo, self.dtype).reshape(Hkv, S, self.d)
 
     @property
     def nbytes(self):
@@ -103,11 +107,11 @@ class _Channels:
     Keys wait in float (`self.pending`) until their block is full; then the whole block is quantized at once.
     """
 
-    def __init__(self, Hkv, d, bits, block, dtype):
-        self.d, self.bits, self.block = d, bits, block
+    def __init__(self, Hkv, d, bits, block, dtype, scale_dtype):
+        self.d, self.bits, self.block, self.dtype = d, bits, block, dtype
         self.codes = np.zeros((Hkv, 0, d * bits // 8), np.uint8)  # [Hkv, blocks * block, d * bits / 8]
-        self.scale = np.zeros((Hkv, 0, 1, d), dtype)  # [Hkv, blocks, 1, d]
-        self.lo = np.zeros((Hkv, 0, 1, d), dtype)
+        self.scale = np.zeros((Hkv, 0, 1, d), scale_dtype)  # [Hkv, blocks, 1, d]
+        self.lo = np.zeros((Hkv, 0, 1, d), scale_dtype)
         self.pending = np.zeros((Hkv, 0, d), dtype)  # [Hkv, < block, d], the newest keys, in float
 
     def add(self, x):  # x [Hkv, T, d]
@@ -115,7 +119,7 @@ class _Channels:
         waiting = np.concatenate([self.pending, x], axis=1)
         full = waiting.shape[1] // self.block * self.block
         blocks = waiting[:, :full].reshape(Hkv, full // self.block, self.block, d)
-        codes, scale, lo = quantize(blocks, self.bits, axis=2)  # min and max over the block's tokens
+        codes, scale, lo = quantize(blocks, self.bits, axis=2, dtype=self.scale.dtype)  # over the block's tokens
         self.codes = np.concatenate([self.codes, pack(codes.reshape(Hkv, full, d), self.bits)], axis=1)
         self.scale = np.concatenate([self.scale, scale], axis=1)
         self.lo = np.concatenate([self.lo, lo], axis=1)
@@ -124,7 +128,7 @@ class _Channels:
     def read(self):  # -> [Hkv, S, d]
         Hkv, n = self.codes.shape[:2]
         codes = unpack(self.codes, self.bits).reshape(Hkv, n // self.block, self.block, self.d)
-        done = dequantize(codes, self.scale, self.lo).reshape(Hkv, n, self.d)
+        done = dequantize(codes, self.scale, self.lo, self.dtype).reshape(Hkv, n, self.d)
         return np.concatenate([done, self.pending], axis=1)
 
     @property
@@ -140,11 +144,15 @@ class QuantizedKVCache(_Cache):
                 "channel": keys get one scale per channel per `block` tokens (values stay per token)
     group       channels sharing one scale in a per-token row (default d: one scale per token and KV head)
     block       tokens sharing one scale per channel, for per-channel keys
-    nbytes      packed codes plus scales and minimums (in dtype), plus any keys still waiting in float
+    scale_dtype what the scales and minimums are stored in (default: dtype). A float64 cache with float32 scales
+                holds the bytes a float32 one would (lesson 11 measures in float64); np.float16 halves their share
+    nbytes      packed codes plus scales and minimums, plus any keys still waiting in float (in dtype)
     """
 
-    def __init__(self, Hkv, d, bits=8, *, key_scales="token", group=None, block=32, dtype=np.float32):
+    def __init__(self, Hkv, d, bits=8, *, key_scales="token", group=None, block=32, dtype=np.float32,
+                 scale_dtype=None):
         super().__init__(Hkv, d, dtype)
+        scale_dtype = self.dtype if scale_dtype is None else _float_dtype(scale_dtype)
         bits = _bits(bits)
         if key_scales not in ("token", "channel"):
             raise ValueError(f'key_scales must be "token" or "channel"; got key_scales={key_scales!r}')
@@ -157,10 +165,10 @@ class QuantizedKVCache(_Cache):
                              f"{8 // bits}")
         self.bits, self.key_scales, self.group, self.block = bits, key_scales, group, block
         if key_scales == "token":
-            self.keys = _Rows(Hkv, d, bits, group, self.dtype)
+            self.keys = _Rows(Hkv, d, bits, group, self.dtype, scale_dtype)
         else:
-            self.keys = _Channels(Hkv, d, bits, block, self.dtype)
-        self.values = _Rows(Hkv, d, bits, group, self.dtype)
+            self.keys = _Channels(Hkv, d, bits, block, self.dtype, scale_dtype)
+        self.values = _Rows(Hkv, d, bits, group, self.dtype, scale_dtype)
 
     def append(self, k_new, v_new):
         """[Hkv, T, d] each -> (K, V) [Hkv, S, d]: every key and value so far, dequantized, oldest first."""

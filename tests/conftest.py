@@ -1,6 +1,21 @@
+"""Shared fixtures and settings for the package tests."""
+import pytest
 from hypothesis import HealthCheck, settings
 
 # numpy on a shared 2-core machine: timing-based deadlines would only make the suite flaky
 settings.register_profile("kvlesson", deadline=None, max_examples=150,
                           suppress_health_check=[HealthCheck.too_slow])
+# a contributor's quick loop: python -m pytest -m "not model and not notebooks" --hypothesis-profile=quick
+settings.register_profile("quick", parent=settings.get_profile("kvlesson"), max_examples=20)
 settings.load_profile("kvlesson")
+
+
+@pytest.fixture(scope="session")
+def model():
+    """SmolLM2-135M-Instruct through kvlesson.llama.load(), the path a learner takes, once per test process.
+
+    CI points KVLESSON_CACHE_DIR at a fresh folder, so the first test to ask fetches and verifies the file too. The
+    model is never changed by a test (its weights are read-only arrays), so one copy serves them all."""
+    from kvlesson import llama
+
+    return llama.load()

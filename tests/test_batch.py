@@ -137,11 +137,6 @@ def test_zero_new_tokens_need_no_step():
 
 
 @pytest.fixture(scope="module")
-def model():
-    return llama.load()
-
-
-@pytest.fixture(scope="module")
 def prompts(model):
     """Chat prompts and passages of the shipped text, 6 to 41 tokens: four different lengths."""
     tok, text = model.tokenizer, model.tokenizer.encode(long_text())
@@ -196,6 +191,7 @@ def test_the_fused_model_says_to_use_the_plain_one(model):
         llama.FusedModel(model.config, {}, model.tokenizer).generate_batch([[1]], 1)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_and_prints_its_table(monkeypatch, capsys):
     """`python scripts/bench_batch.py` in its smallest form: one round, batches 1 and 2, no transformers."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))

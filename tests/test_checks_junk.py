@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 import kvlesson.checks
 from kvlesson.checks import Verdict
 
-CHECKERS = sorted(name for name in dir(kvlesson.checks) if name.startswith("check_"))
+CHECKERS = [pytest.param(name, marks=[pytest.mark.model] if "model" in inspect.signature(
+               getattr(kvlesson.checks, name)).parameters else [])
+            for name in sorted(name for name in dir(kvlesson.checks) if name.startswith("check_"))]
 
 EXCEPTIONS = [ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, AttributeError, RuntimeError,
               RecursionError, StopIteration, AssertionError, OverflowError, MemoryError, LookupError]
@@ -95,13 +97,11 @@ def junk_classes(draw):
     return type("JunkCache", (), body)
 
 
-@pytest.fixture(scope="module")
-def extra():
-    """Arguments after the learner's answer, for checkers that need them (the real model is loaded lazily)."""
-    def model():
-        from kvlesson import llama
-        return llama.load()
-    return {"model": model}
+@pytest.fixture
+def extra(request):
+    """Arguments after the learner's answer, for checkers that need them: the real model, asked for only by the
+    checkers that take it (so that those tests, and only those, carry the `model` marker)."""
+    return {"model": lambda: request.getfixturevalue("model")}
 
 
 def _call(check, answer, extra):

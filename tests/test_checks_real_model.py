@@ -3,7 +3,7 @@ import gguf
 import numpy as np
 import pytest
 
-from kvlesson import checks, fetch, gguf_file, llama
+from kvlesson import checks, fetch, gguf_file
 from kvlesson.checks.real_model import LAYOUT, stored_bytes
 
 # ------------------------------------------------------------------------------------------- stored bytes
@@ -49,11 +49,6 @@ def test_stored_bytes_names_the_slip(wrong, words):
 
 
 # ------------------------------------------------------------------------------------------- chunked prefill
-
-@pytest.fixture(scope="module")
-def model():
-    return llama.load()
-
 
 def chunked(model, ids, chunk):
     cache = model.new_cache(capacity=len(ids))

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kvlesson import fused, llama
+from kvlesson import fused
 from kvlesson import model as kvmodel
 from kvlesson.text import long_text
 from kvlesson.tolerance import CHUNK_TOL
@@ -22,8 +22,7 @@ def test_fused_equals_plain_on_the_tiny_model_to_float64_rounding():
 
 
 @pytest.fixture(scope="module")
-def models():
-    model = llama.load()
+def models(model):
     return model, model.fused()
 
 

@@ -19,11 +19,6 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def model():
-    return llama.load()
-
-
-@pytest.fixture(scope="module")
 def text_ids(model):
     return model.tokenizer.encode(long_text())[:96]
 

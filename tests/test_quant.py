@@ -139,6 +139,23 @@ def test_dtype_in_is_dtype_out(dtype):
     assert cache.keys.scale.dtype == cache.values.scale.dtype == dtype
 
 
+@pytest.mark.parametrize("key_scales", ["token", "channel"])
+def test_scales_can_be_stored_narrower_than_what_the_cache_hands_back(key_scales):
+    """A float64 cache with float32 scales holds exactly the bytes of a float32 cache, hands back float64, and every
+    number is still within half a step of itself (the step and minimum it stored, rounded to float32)."""
+    rng = np.random.default_rng(3)
+    k, v = rng.standard_normal((2, 2, 32, 8))  # [Hkv=2, S=32, d=8] each, float64
+    wide = QuantizedKVCache(2, 8, 4, key_scales=key_scales, block=8, dtype=np.float64, scale_dtype=np.float32)
+    narrow = QuantizedKVCache(2, 8, 4, key_scales=key_scales, block=8, dtype=np.float32)
+    K, V = wide.append(k, v)
+    narrow.append(k.astype(np.float32), v.astype(np.float32))
+    assert K.dtype == V.dtype == np.float64 and wide.keys.scale.dtype == wide.values.lo.dtype == np.float32
+    assert wide.nbytes == narrow.nbytes
+    steps, _ = expected_steps(k, 4, key_scales, 8, 8)
+    assert (np.abs(K - k) <= steps / 2 * (1 + 1e-6) + 1e-6).all()
+    assert not np.array_equal(K, k)
+
+
 def layer(seed, N=24, H=4, Hkv=2, d=16, D=32, dtype=np.float32):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((N, D))
@@ -188,7 +205,7 @@ class ScalesOnTheWrongAxis(QuantizedKVCache):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.keys = type(self.values)(self.Hkv, self.d, self.bits, self.d, self.dtype)
+        self.keys = type(self.values)(self.Hkv, self.d, self.bits, self.d, self.dtype, self.dtype)
 
 
 def test_the_half_step_test_catches_scales_on_the_wrong_axis():

@@ -110,8 +110,8 @@ def test_bad_scaling_is_named(scaling, error, words):
 ])
 def test_equals_transformers_rope_initialisation(d, base, scaling):
     transformers = pytest.importorskip(
-        "transformers", reason="transformers is not installed here; it lives in the reference venv (/work/venv-ref "
-                               "or requirements-reference.txt), where this comparison runs")
+        "transformers", reason="transformers is not installed; install requirements-reference.txt (CONTRIBUTING.md) "
+                               "to compare the ladders with its rope initialisation")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = transformers.LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_theta=base,

@@ -13,12 +13,11 @@ def scripts_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPTS))
 
 
-def test_the_benchmark_runs_and_prints_its_table(scripts_on_path, capsys):
+@pytest.mark.slow
+def test_the_benchmark_runs_and_prints_its_table(scripts_on_path, capsys, model):
     """`python scripts/bench.py` in its smallest form: one round, two steps, one context, no transformers."""
     import bench
 
-    from kvlesson import llama
-    model = llama.load()
     assert bench.decode_bytes(model) == 4 * sum(a.size for n, a in model.weights.items() if n != "token_embd.weight")
     bench.main(["--rounds", "1", "--steps", "2", "--contexts", "8", "--no-transformers"])
     out = capsys.readouterr().out

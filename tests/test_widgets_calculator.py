@@ -60,8 +60,9 @@ def test_the_widget_wraps_price(capsys):
     from kvlesson.widgets.calculator import calculator
 
     w = calculator()
-    assert [c.description for c in w.children[:-1]] == ["model", "context", "batch", "cache", "accelerator",
-                                                         "weights"]
-    w.children[2].value = 4  # batch
-    assert w.kwargs == dict(model="Llama 3.1 8B", context=8192, batch=4, cache_dtype="bfloat16",
-                            accelerator="H100 SXM", weights="bfloat16")
+    assert [c.description for row in w.children[:-1] for c in row.children] == [
+        "model", "context", "batch", "cache", "accelerator", "weights"]
+    w.controls["batch"].value = 4
+    assert {name: c.value for name, c in w.controls.items()} == dict(
+        model="Llama 3.1 8B", context=8192, batch=4, cache_dtype="bfloat16", accelerator="H100 SXM",
+        weights="bfloat16")

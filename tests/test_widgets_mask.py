@@ -90,3 +90,12 @@ def test_the_window_picker_shows_off_when_there_is_no_window():
     box = mask_explorer()
     picker = next(c for c in box.children[0].children if getattr(c, "description", "") == "window")
     assert picker.index == 0 and picker.label == "off" and picker.value is None
+
+
+def test_an_explorer_not_yet_run_reads_as_a_sentence():
+    """Saved before a kernel ran it, a widget shows its text form: a sentence, not `VBox(children=(HBox(...`."""
+    pytest.importorskip("ipywidgets")
+    from kvlesson.widgets.explorer import UNRUN
+
+    bundle = mask_explorer()._repr_mimebundle_()
+    assert bundle["text/plain"] == UNRUN and "application/vnd.jupyter.widget-view+json" in bundle

@@ -13,6 +13,7 @@ import numpy as np
 
 from kvlesson.configs import ACCELERATORS, MODELS
 from kvlesson.memory import decode_floor, element_bytes, iec, kv_bytes, si, weight_bytes
+from kvlesson.widgets.explorer import explorer
 
 CACHE_DTYPES = ("float32", "bfloat16", "float8_e4m3fn", "int4")
 WEIGHT_DTYPES = ("bfloat16", "float8_e4m3fn", "int4")
@@ -91,16 +92,15 @@ def calculator():
     import ipywidgets as widgets
 
     contexts = [2 ** i for i in range(8, 18)]  # 256 .. 131,072
-    return widgets.interactive(
+    return explorer(
         lambda model, context, batch, cache_dtype, accelerator, weights: print(
             price(model, context, batch, cache_dtype, accelerator, weights)),
-        model=widgets.Dropdown(options=list(MODELS), value="Llama 3.1 8B", description="model"),
-        context=widgets.SelectionSlider(options=contexts, value=8192, description="context"),
-        batch=widgets.SelectionSlider(options=[2 ** i for i in range(9)], value=1, description="batch"),
-        cache_dtype=widgets.ToggleButtons(options=list(CACHE_DTYPES), value="bfloat16", description="cache"),
-        accelerator=widgets.Dropdown(options=list(ACCELERATORS), value="H100 SXM", description="accelerator"),
-        weights=widgets.ToggleButtons(options=list(WEIGHT_DTYPES), value="bfloat16", description="weights"),
-    )
+        {"model": widgets.Dropdown(options=list(MODELS), value="Llama 3.1 8B", description="model"),
+         "context": widgets.SelectionSlider(options=contexts, value=8192, description="context"),
+         "batch": widgets.SelectionSlider(options=[2 ** i for i in range(9)], value=1, description="batch")},
+        {"cache_dtype": widgets.ToggleButtons(options=list(CACHE_DTYPES), value="bfloat16", description="cache"),
+         "accelerator": widgets.Dropdown(options=list(ACCELERATORS), value="H100 SXM", description="accelerator"),
+         "weights": widgets.ToggleButtons(options=list(WEIGHT_DTYPES), value="bfloat16", description="weights")})
 
 
 def _lookup(table, key, what):

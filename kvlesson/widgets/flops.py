@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 
 from kvlesson.configs import MODELS
 from kvlesson.flops import cached_flops, flop_ratio, matmul_params, recompute_flops, score_flops_per_key
+from kvlesson.widgets.explorer import explorer
 
 SCORES = ("left out", "causal pairs", "all t*t pairs")  # how attention scores are counted, see kvlesson.flops
 DENSE = ("Llama 3.1 8B", "SmolLM2-135M")  # dense models: every matrix works on every token, so 2N holds
@@ -89,11 +90,8 @@ def flops_explorer(prompt=1000, generated=1000, model="Llama 3.1 8B", scores="le
     """Sliders for the prompt and the generated length, a model and how to count the scores."""
     import ipywidgets as w
 
-    controls = {
-        "prompt": w.IntSlider(value=prompt, min=0, max=8192, description="prompt"),
-        "generated": w.IntSlider(value=generated, min=1, max=8192, description="generated"),
-        "model": w.Dropdown(options=DENSE, value=model, description="model"),
-        "scores": w.Dropdown(options=SCORES, value=scores, description="scores"),
-    }
-    out = w.interactive_output(show_flops, controls)
-    return w.VBox([w.HBox(list(controls.values())[:2]), w.HBox(list(controls.values())[2:]), out])
+    return explorer(show_flops,
+                    {"prompt": w.IntSlider(value=prompt, min=0, max=8192, description="prompt"),
+                     "generated": w.IntSlider(value=generated, min=1, max=8192, description="generated")},
+                    {"model": w.Dropdown(options=DENSE, value=model, description="model"),
+                     "scores": w.Dropdown(options=SCORES, value=scores, description="scores")})

@@ -10,6 +10,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
 from kvlesson.sdpa import causal_mask
+from kvlesson.widgets.explorer import explorer
 
 _HIDDEN, _WRONG, _RIGHT = "#eeeeee", "#d9534f", "#3572b0"
 
@@ -77,8 +78,7 @@ def mask_explorer(T=3, S=7, window=None, max_S=16):
         T_slider.max = change["new"]  # ipywidgets clamps T's value along with its max
 
     S_slider.observe(keep_T_at_most_S, names="value")
-    out = w.interactive_output(show_masks, {"T": T_slider, "S": S_slider, "window": W_picker})
-    return w.VBox([w.HBox([T_slider, S_slider, W_picker]), out])
+    return explorer(show_masks, {"T": T_slider, "S": S_slider, "window": W_picker})
 
 
 def show_masks(T, S, window=None):

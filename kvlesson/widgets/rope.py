@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kvlesson.rope import rope_angles
+from kvlesson.widgets.explorer import explorer
 
 
 def pair_path(position, m, d=64, base=10000.0):
@@ -49,5 +50,5 @@ def rope_explorer(d=64, base=10000.0, max_position=256):
         draw_rope_pair(position, m, d, base)
         plt.show()
 
-    return widgets.interact(show, position=widgets.IntSlider(5, 0, max_position, description="position"),
-                            m=widgets.IntSlider(0, 0, d // 2 - 1, description="pair m"))
+    return explorer(show, {"position": widgets.IntSlider(5, 0, max_position, description="position"),
+                           "m": widgets.IntSlider(0, 0, d // 2 - 1, description="pair m")})

@@ -7,6 +7,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 
 from kvlesson import causal_mask
+from kvlesson.widgets.explorer import explorer
 
 DROPPED, HELD, NEW = 0, 1, 2  # what happened to key j by the time this step runs
 
@@ -55,6 +56,6 @@ def window_explorer(max_S=24):
         draw_window(T, max(S, T), window)
         plt.show()
 
-    return widgets.interact(show, window=widgets.IntSlider(4, 1, 16, description="window W"),
-                            T=widgets.IntSlider(3, 1, 12, description="T"),
-                            S=widgets.IntSlider(10, 1, max_S, description="S"))
+    return explorer(show, {"window": widgets.IntSlider(4, 1, 16, description="window W"),
+                           "T": widgets.IntSlider(3, 1, 12, description="T"),
+                           "S": widgets.IntSlider(10, 1, max_S, description="S")})
