@@ -32,6 +32,8 @@ def _loads_the_model(path):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark every item, then put the longest files first: xdist hands out whole files in this order, so the lessons
+    that run the real model start at once instead of leaving one process busy at the end while the other waits."""
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebooks)
@@ -41,3 +43,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.model)
         if "browser" in item.path.parts:
             item.add_marker(pytest.mark.browser)
+    def weight(path):
+        return 2 * (path.suffix == ".ipynb" and _loads_the_model(path)) + ("browser" in path.parts)
+
+    items.sort(key=lambda item: -weight(item.path))  # stable: cells and tests keep their order within a file
