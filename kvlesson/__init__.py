@@ -16,36 +16,35 @@ For KVCache and StaticKVCache the keys start at the first token, so S - T + i is
 position in the text. A WindowKVCache hands back only the keys still in the window: there S is what it
 handed back, and the absolute position is len(cache) - T + i (what RoPE rotates by).
 
-Modules, one idea each:
-  part one
+Where things live. The core is what the lessons build, at the top; sub-packages do one job each, and import only
+the core and the leaves (validate, configs, text), never each other upwards; nothing outside teaching/ imports it.
+  the core
     sdpa           causal_mask, attention: the offset mask, GQA by reshaping, a stable softmax
     cache          KVCache, StaticKVCache, WindowKVCache: one protocol (append, len, nbytes)
     rope           rotary embeddings at absolute positions, both pairings, scaled ladders
+    online         attention block by block: the online softmax (FlashAttention), split-KV (flash-decoding)
     layer          step: project only the new tokens, rotate, cache, attend
-    model          the Llama-style forward pass (a tiny random model, or SmolLM2's weights); fused: the same,
-                   with Q/K/V and gate/up in one product each
+    model          the Llama-style forward pass (a tiny random model, or SmolLM2's weights)
+    llama          SmolLM2-135M: Model (forward, generate, generate_batch) and load()
+  the leaves
+    validate       argument checks shared by everything
     configs        Config (the one configuration type), published models and accelerators
-    memory, flops  the price of the cache in bytes, and what it saves in FLOPs
-    llama          SmolLM2-135M from its GGUF file: fetch, gguf_file, tokenizer, layout, f32cache
-    text, perplexity, tolerance   the shipped text, the ruler, and how far float32 runs may drift
-  part two
-    paged, padding, batch   many sequences: a paged KV pool, padded batches, continuous batching; roofline
-    online, precision       attention block by block (FlashAttention, flash-decoding); bfloat16 and float16
-    quant, sinks, mla       shrinking the cache: integer codes, attention sinks, a latent instead of K and V
-    drill                   lesson 12's interview drill: configs to price, suspects to convict, a score sheet
-  around them
-    validate       argument checks shared by everything above
-    checks         the exercises' checkers;  widgets  the lessons' interactive pictures
-    student        student copies of the lessons (nbgrader's ClearSolutions)
+    text           the long text that ships with the package
+  weights/         fetch (the file, once, verified), gguf_file, tokenizer, layout (x @ W, fused), f32cache
+  serving/         paged (PagedKVCache), padding (padded batches), batch (continuous batching)
+  shrink/          quant (integer codes), sinks (attention sinks), mla (a latent cache), precision (16-bit floats)
+  costs/           memory (bytes), flops, roofline, perplexity (the ruler), tolerance (float32 drift)
+  teaching/        verdict, checks (the exercises' checkers), widgets (explorers), drill (lesson 12), syllabus,
+                   student (student copies)
 """
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache
 from kvlesson.layer import step
 from kvlesson.online import online_attention, split_kv_attention
-from kvlesson.paged import PagedKVCache
-from kvlesson.quant import QuantizedKVCache
 from kvlesson.rope import apply_rope
 from kvlesson.sdpa import attention, causal_mask
-from kvlesson.sinks import SinkKVCache
+from kvlesson.serving.paged import PagedKVCache
+from kvlesson.shrink.quant import QuantizedKVCache
+from kvlesson.shrink.sinks import SinkKVCache
 
 __all__ = [
     "attention",

@@ -1,7 +1,7 @@
 """The one model configuration type, published configurations, and accelerators.
 
 `Config` describes a Llama-style decoder. The same type runs a model (kvlesson.model.forward needs D, hidden
-and vocab) and prices one (kvlesson.memory needs n_layers, Hkv, d and a parameter count), so a published
+and vocab) and prices one (kvlesson.costs.memory needs n_layers, Hkv, d and a parameter count), so a published
 model whose weights we never run, such as a mixture of experts, is a Config with the pricing fields only.
 
 Each entry of MODELS names its public source in a comment and in its `source` field. Parameter counts of the

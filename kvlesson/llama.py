@@ -1,25 +1,27 @@
 """SmolLM2-135M-Instruct from its GGUF file, running on kvlesson.model.forward.
 
-    model = load()                        # fetched once, checked by sha256 (kvlesson.fetch)
+    model = load()                        # fetched once, checked by sha256 (kvlesson.weights.fetch)
     ids = model.tokenizer.encode("The capital of France is")
     new = model.generate(ids, 20)         # greedy, on one KV cache per layer
     print(model.tokenizer.decode(new))
 
 Nothing here computes attention: the config and weights go into the same forward pass that lesson 02 runs
 with a tiny random model. The jobs around it live in their own modules:
-    kvlesson.fetch       get the file once and verify it
-    kvlesson.gguf_file   read the config, the tensors (dequantized to float32) and the tokenizer data; check shapes
-    kvlesson.tokenizer   the byte-level BPE, rebuilt with Hugging Face `tokenizers`
-    kvlesson.layout      the weights as x @ W multiplies them, in the memory order a decode step streams fastest
-    kvlesson.f32cache    the float32 copy on disk, checksummed, so a second load maps it instead of dequantizing
+    kvlesson.weights.fetch       get the file once and verify it
+    kvlesson.weights.gguf_file   read the config, the tensors (dequantized to float32), the tokenizer data
+    kvlesson.weights.tokenizer   the byte-level BPE, rebuilt with Hugging Face `tokenizers`
+    kvlesson.weights.layout      the weights as x @ W multiplies them, in the memory order a decode step streams fastest
+    kvlesson.weights.f32cache    the float32 copy on disk, checksummed, so a second load maps it instead of dequantizing
 """
 import operator
 
 import numpy as np
 
-from kvlesson import batch, f32cache, fetch, fused, gguf_file, layout, tokenizer, validate
+from kvlesson import fused, validate
 from kvlesson import model as _model
-from kvlesson.fetch import ModelFileError  # noqa: F401  raised by load(); importable from here
+from kvlesson.serving import batch
+from kvlesson.weights import f32cache, fetch, gguf_file, layout, tokenizer
+from kvlesson.weights.fetch import ModelFileError  # noqa: F401  raised by load(); importable from here
 
 
 class Model:
@@ -103,9 +105,9 @@ class Model:
     def generate_batch(self, prompts, max_new_tokens, *, max_batch=64, block_size=16):
         """Greedy decoding of many prompts together -> one list of new token ids per prompt.
 
-        Continuous batching on a paged KV pool (kvlesson.batch): up to max_batch sequences decode in one step, with
-        one matrix product per weight; finished ones free their blocks and waiting ones join. Each result equals
-        generate(prompt, n) on that prompt alone, up to float32 summation order (lesson 09 measures it).
+        Continuous batching on a paged KV pool (kvlesson.serving.batch): up to max_batch sequences decode in one
+        step, with one matrix product per weight; finished ones free their blocks and waiting ones join. Each result
+        equals generate(prompt, n) on that prompt alone, up to float32 summation order (lesson 09 measures it).
         max_new_tokens is one count for all prompts, or one per prompt.
         """
         if "blk.0.attn_q.weight" not in self.weights:

@@ -45,7 +45,8 @@ import time
 import hf_reference
 import numpy as np
 
-from kvlesson import flops, llama
+from kvlesson import llama
+from kvlesson.costs import flops
 from kvlesson.text import NAME as text_name
 from kvlesson.text import long_text
 
@@ -72,7 +73,7 @@ def matvec_bandwidth(n=8192, repeats=5):
 def layout_check(model, repeats=5):
     """[(matrix, shape, order the loader chose, its time, the other order's time)], over all layers.
 
-    Backs the memory orders in kvlesson.layout.matmul_weights with a measurement on this machine.
+    Backs the memory orders in kvlesson.weights.layout.matmul_weights with a measurement on this machine.
     """
     w, rows = model.weights, []
     groups = {n: [w[f"blk.{i}.{n}.weight"] for i in range(model.config.n_layers)]
@@ -245,7 +246,7 @@ def main(argv=None):
             continue
         c, u = cached_vs_uncached(model, ids, P)
         print(f"| {P} | {c * 1e3:.1f} ms | {u * 1e3:.0f} ms | {u / c:.1f}x | {flops.flop_ratio(P, 1):.0f}x |")
-    print("\nThe FLOP ratio counts 2N per token (kvlesson.flops; adding the attention scores, which a re-run "
+    print("\nThe FLOP ratio counts 2N per token (kvlesson.costs.flops; adding the attention scores, which a re-run "
           "computes in full,\nleaves it at P + 1). The uncached step runs its P + 1 tokens as one matrix-matrix "
           "pass, at far more FLOP/s than the\nbandwidth-bound matrix-vector step, so the measured speed-up stays "
           "below the FLOP ratio.")

@@ -2,8 +2,9 @@
 
 Measured side by side in one run on SmolLM2-135M-Instruct, float32, on prompts built from the chat template and
 the shipped text:
-  - batched decode (kvlesson.batch.decode_step over paged pools) at batch 1 to 64: time per step and tokens/s, each
-    batch against batch 1 of the same round, and batch 1 against the plain model.forward decode step of lesson 08;
+  - batched decode (kvlesson.serving.batch.decode_step over paged pools) at batch 1 to 64: time per step and
+    tokens/s, each batch against batch 1 of the same round, and batch 1 against the plain model.forward decode step
+    of lesson 08;
   - the batched step's attention vectorised across sequences (one gather through the block tables) against a Python
     loop over the sequences;
   - prefill against decode, and time to first token against time per output token for requests that arrive at once;
@@ -30,9 +31,11 @@ import hf_reference  # noqa: E402  (imports torch only when asked to load)
 import numpy as np  # noqa: E402
 from bench import kvlesson_decode  # noqa: E402  lesson 08's batch-1 decode step, timed as bench.py times it
 
-from kvlesson import batch, configs, llama, roofline  # noqa: E402
+from kvlesson import configs, llama  # noqa: E402
+from kvlesson.costs import roofline
 from kvlesson.rope import apply_rope  # noqa: E402
 from kvlesson.sdpa import attention  # noqa: E402
+from kvlesson.serving import batch
 from kvlesson.text import long_text  # noqa: E402
 
 THREADS = int(os.environ["OPENBLAS_NUM_THREADS"])

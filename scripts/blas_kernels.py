@@ -28,7 +28,7 @@ def measure():
     from threadpoolctl import threadpool_info
 
     from kvlesson import QuantizedKVCache, llama
-    from kvlesson.perplexity import token_nll
+    from kvlesson.costs.perplexity import token_nll
     from kvlesson.text import long_text
 
     blas = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]

@@ -4,7 +4,7 @@ Shared by compare_hf.py and bench.py. transformers converts the GGUF back to its
 (it undoes llama.cpp's permutation of the Q and K rows), so agreement with it also checks our interleaved RoPE.
 Needs the optional extras: pip install -r requirements.txt -r requirements-reference.txt
 """
-from kvlesson import fetch
+from kvlesson.weights import fetch
 
 
 def load(threads=None, tokenizer=False):

@@ -3,8 +3,8 @@
 On lesson 02's tiny model in float64 the batched step must equal kvlesson.model.forward on each sequence to 1e-12,
 whatever the mix of lengths, joins and departures. On SmolLM2 in float32 the batched step multiplies [B, D] matrices
 where generate multiplies [1, D] vectors; BLAS sums those products in another order, so logits differ by float32
-rounding (measured below 1e-4 on logits of size ~40) and are held to kvlesson.tolerance.CHUNK_TOL = 1e-3; the greedy
-tokens must be identical for the prompts tested here (a near-tie could in principle flip one; none does).
+rounding (measured below 1e-4 on logits of size ~40) and are held to kvlesson.costs.tolerance.CHUNK_TOL = 1e-3;
+the greedy tokens must be identical for the prompts tested here (a near-tie could in principle flip one; none does).
 """
 import sys
 from pathlib import Path
@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlesson import batch, llama
+from kvlesson import llama
 from kvlesson import model as kvmodel
+from kvlesson.costs.tolerance import CHUNK_TOL
+from kvlesson.serving import batch
 from kvlesson.text import long_text
-from kvlesson.tolerance import CHUNK_TOL
 
 TINY = kvmodel.tiny_config(n_layers=2, max_len=64)
 

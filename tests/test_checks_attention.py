@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvlesson import attention
-from kvlesson.checks import check_attention, check_softmax
+from kvlesson.teaching.checks import check_attention, check_softmax
 
 # ---------------------------------------------------------------------------------------------- softmax
 

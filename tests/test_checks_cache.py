@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvlesson import KVCache, StaticKVCache, attention, step
-from kvlesson.checks import check_kv_cache, check_step
+from kvlesson.teaching.checks import check_kv_cache, check_step
 
 # ------------------------------------------------------------------------------------------- KV cache
 

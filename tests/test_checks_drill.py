@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 import kvlesson
-from kvlesson import KVCache, attention, checks, step
-from kvlesson.checks import drill as drill_checks
-from kvlesson.drill import lineup, model_tests
+from kvlesson import KVCache, attention, step
+from kvlesson.teaching import checks
+from kvlesson.teaching.checks import drill as drill_checks
+from kvlesson.teaching.drill import lineup, model_tests
 
 # ---------------------------------------------------------------------------------------------- pricing, by hand
 
@@ -204,7 +205,7 @@ def reads_a_private_attribute(suspect):
 
 
 def uses_the_lineup(suspect):
-    from kvlesson import drill
+    from kvlesson.teaching import drill
     assert drill.interface("A")
 
 
@@ -228,7 +229,7 @@ def calls_vars(suspect):
     (no_argument, ["could not be called with the suspect", "exactly one argument"]),
     (recognises_the_wrong_answer, ["scaled and shifted", "recognises this suspect's wrong answers"]),
     (reads_a_private_attribute, ["reads ._impl", "interface only"]),
-    (uses_the_lineup, ["uses kvlesson.drill"]),
+    (uses_the_lineup, ["uses kvlesson.teaching.drill"]),
     (calls_getattr, ["calls getattr()"]),
     (calls_vars, ["calls vars()"]),
     ("not a function", ["expected your test function itself", "check_suspect_"]),
@@ -321,4 +322,4 @@ def test_each_suspect_recognises_an_unfilled_test():
 
 
 def test_the_package_is_importable_as_the_notebook_uses_it():
-    assert kvlesson.drill.LABELS == lineup.LABELS
+    assert kvlesson.teaching.drill.LABELS == lineup.LABELS

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvlesson import attention, causal_mask
-from kvlesson.checks import check_cache_bytes_per_token, check_decode_floor, check_gqa_attention
+from kvlesson.teaching.checks import check_cache_bytes_per_token, check_decode_floor, check_gqa_attention
 
 # --------------------------------------------------------------------------------------- bytes per token
 
@@ -23,7 +23,7 @@ def test_bytes_per_token_passes_the_reference():
 
 def test_the_cases_include_a_head_dim_set_on_its_own():
     """The D // H slip is caught only by a config whose head_dim is not D / H."""
-    from kvlesson.checks.gqa import _TOKEN_CASES
+    from kvlesson.teaching.checks.gqa import _TOKEN_CASES
     assert any(s.D is not None and s.D // s.H != s.d for _, (s, _) in _TOKEN_CASES)
 
 

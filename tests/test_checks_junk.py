@@ -2,7 +2,7 @@
 
 Hypothesis builds the junk: functions that return None, text, dicts, ragged lists, NaN, arrays of any shape
 and dtype, or raise any exception; classes whose methods do the same, whose nbytes is a method or a property
-that raises; and things that are not functions at all. Checkers are found by walking kvlesson.checks, so a
+that raises; and things that are not functions at all. Checkers are found by walking kvlesson.teaching.checks, so a
 new lesson's checkers are covered the day they are exported. A checker whose first parameter is named `cls`
 takes a class; the others take a function. Extra parameters (a model) come from EXTRA below.
 """
@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kvlesson.checks
-from kvlesson.checks import Verdict
+import kvlesson.teaching.checks
+from kvlesson.teaching.checks import Verdict
 
 CHECKERS = [pytest.param(name, marks=[pytest.mark.model] if "model" in inspect.signature(
-               getattr(kvlesson.checks, name)).parameters else [])
-            for name in sorted(name for name in dir(kvlesson.checks) if name.startswith("check_"))]
+               getattr(kvlesson.teaching.checks, name)).parameters else [])
+            for name in sorted(name for name in dir(kvlesson.teaching.checks) if name.startswith("check_"))]
 
 EXCEPTIONS = [ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, AttributeError, RuntimeError,
               RecursionError, StopIteration, AssertionError, OverflowError, MemoryError, LookupError]
@@ -112,7 +112,7 @@ def _call(check, answer, extra):
 
 @pytest.mark.parametrize("name", CHECKERS)
 def test_checker_never_raises_and_never_passes_junk(name, extra):
-    check = getattr(kvlesson.checks, name)
+    check = getattr(kvlesson.teaching.checks, name)
     first = next(iter(inspect.signature(check).parameters))
     strategy = junk_classes() if first == "cls" else junk_functions()
 
@@ -129,7 +129,7 @@ def test_checker_never_raises_and_never_passes_junk(name, extra):
 
 @pytest.mark.parametrize("name", CHECKERS)
 def test_an_unfilled_exercise_is_recognised_as_one(name, extra):
-    check = getattr(kvlesson.checks, name)
+    check = getattr(kvlesson.teaching.checks, name)
     first = next(iter(inspect.signature(check).parameters))
 
     def todo(*args, **kwargs):

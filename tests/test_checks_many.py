@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from kvlesson.checks import check_copy_on_write, check_pad_mask, check_read_pages
-from kvlesson.padding import pad_mask
-from kvlesson.paged import PagedKVCache
 from kvlesson.sdpa import causal_mask
+from kvlesson.serving.padding import pad_mask
+from kvlesson.serving.paged import PagedKVCache
+from kvlesson.teaching.checks import check_copy_on_write, check_pad_mask, check_read_pages
 from tests.test_many_mutants import reserve_without_copy
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvlesson import causal_mask
-from kvlesson.checks import check_offset_mask, check_visible_counts
+from kvlesson.teaching.checks import check_offset_mask, check_visible_counts
 
 # ---------------------------------------------------------------------------------------------- offset mask
 

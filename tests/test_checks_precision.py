@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from kvlesson.checks import check_lse_merge, check_online_update
 from kvlesson.online import merge_partials, online_update
+from kvlesson.teaching.checks import check_lse_merge, check_online_update
 
 # ------------------------------------------------------------------------------------------ the update step
 

@@ -3,8 +3,9 @@ import gguf
 import numpy as np
 import pytest
 
-from kvlesson import checks, fetch, gguf_file
-from kvlesson.checks.real_model import LAYOUT, stored_bytes
+from kvlesson.teaching import checks
+from kvlesson.teaching.checks.real_model import LAYOUT, stored_bytes
+from kvlesson.weights import fetch, gguf_file
 
 # ------------------------------------------------------------------------------------------- stored bytes
 

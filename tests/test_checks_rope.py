@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvlesson import apply_rope
-from kvlesson.checks import check_decode_positions, check_rope, check_to_interleaved
+from kvlesson.teaching.checks import check_decode_positions, check_rope, check_to_interleaved
 
 # ---------------------------------------------------------------------------------------------- rope
 

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from kvlesson.checks import check_channel_quant, check_mla_bytes, check_sink_mask
-from kvlesson.mla import bytes_per_token
-from kvlesson.quant import dequantize, quantize
-from kvlesson.sinks import sink_mask
+from kvlesson.shrink.mla import bytes_per_token
+from kvlesson.shrink.quant import dequantize, quantize
+from kvlesson.shrink.sinks import sink_mask
+from kvlesson.teaching.checks import check_channel_quant, check_mla_bytes, check_sink_mask
 
 
 def quant_with(axis=0, symmetric=False, levels=None, rounding=np.rint, guard=True, dtype=None, bits_override=None,

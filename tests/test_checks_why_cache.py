@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from kvlesson.checks import check_flop_ratio, check_past_kv_drift, check_recompute_flops
-from kvlesson.flops import flop_ratio, recompute_flops
+from kvlesson.costs.flops import flop_ratio, recompute_flops
+from kvlesson.teaching.checks import check_flop_ratio, check_past_kv_drift, check_recompute_flops
 
 # ------------------------------------------------------------------------------------- recompute FLOPs
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvlesson import KVCache, WindowKVCache, attention, causal_mask
-from kvlesson.checks import check_window_cache, check_window_mask
+from kvlesson.teaching.checks import check_window_cache, check_window_mask
 
 # ---------------------------------------------------------------------------------------------- window mask
 

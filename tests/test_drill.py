@@ -1,4 +1,4 @@
-"""kvlesson.drill: the priced configs, the suspects and their twins, the lineup's veil, and the score sheet.
+"""kvlesson.teaching.drill: the priced configs, the suspects and their twins, the lineup's veil, and the score sheet.
 
 The suspects' tests run the way tests of a cache always run here: every correct twin against a full recompute over
 random shapes and chunkings, and every broken suspect against its twin on an input its bug cannot hide from (and on
@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlesson import KVCache, PagedKVCache, WindowKVCache, attention, checks, memory, online_attention, step
+from kvlesson import KVCache, PagedKVCache, WindowKVCache, attention, online_attention, step
 from kvlesson.configs import ACCELERATORS, MODELS
-from kvlesson.drill import lineup, model_tests, pricing, suspects
-from kvlesson.drill.score import ScoreSheet
+from kvlesson.costs import memory
+from kvlesson.teaching import checks
+from kvlesson.teaching.drill import lineup, model_tests, pricing, suspects
+from kvlesson.teaching.drill.score import ScoreSheet
 from tests.test_core_properties import layers, reference, run_chunks
 
 CASES = {c.key: c for c in suspects.CASES}

@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from kvlesson import fetch
-from kvlesson.fetch import ModelFileError
+from kvlesson.weights import fetch
+from kvlesson.weights.fetch import ModelFileError
 
 
 @pytest.fixture

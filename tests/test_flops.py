@@ -4,7 +4,14 @@ import pytest
 
 from kvlesson import causal_mask
 from kvlesson.configs import MODELS
-from kvlesson.flops import cached_flops, flop_ratio, matmul_params, prefill_flops, recompute_flops, score_flops_per_key
+from kvlesson.costs.flops import (
+    cached_flops,
+    flop_ratio,
+    matmul_params,
+    prefill_flops,
+    recompute_flops,
+    score_flops_per_key,
+)
 from kvlesson.model import random_weights, tiny_config
 
 

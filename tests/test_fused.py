@@ -4,8 +4,8 @@ import pytest
 
 from kvlesson import fused
 from kvlesson import model as kvmodel
+from kvlesson.costs.tolerance import CHUNK_TOL
 from kvlesson.text import long_text
-from kvlesson.tolerance import CHUNK_TOL
 
 
 def test_fused_equals_plain_on_the_tiny_model_to_float64_rounding():

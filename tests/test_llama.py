@@ -9,11 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvlesson import fetch, gguf_file, llama
+from kvlesson import llama
 from kvlesson import model as kvmodel
 from kvlesson.cache import KVCache, StaticKVCache
+from kvlesson.costs.tolerance import CHUNK_TOL
 from kvlesson.text import long_text
-from kvlesson.tolerance import CHUNK_TOL
+from kvlesson.weights import fetch, gguf_file
 
 PROMPT = "The capital of France is"
 

@@ -11,11 +11,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
-import kvlesson.batch
-import kvlesson.padding
+import kvlesson.serving.batch
+import kvlesson.serving.padding
 from kvlesson import model as kvmodel
-from kvlesson.paged import PagedKVCache
 from kvlesson.sdpa import causal_mask
+from kvlesson.serving.paged import PagedKVCache
 from tests import test_batch, test_padding
 from tests.test_paged import play
 
@@ -31,7 +31,7 @@ def test_pads_left_visible_are_caught():
     def no_pad_mask(pads, T, S):
         return np.broadcast_to(causal_mask(T, S), (len(pads), T, S))
 
-    with mock.patch.object(kvlesson.padding, "pad_mask", no_pad_mask):
+    with mock.patch.object(kvlesson.serving.padding, "pad_mask", no_pad_mask):
         out, _ = test_padding.errors(CASE)
     assert out > 0.1
 
@@ -42,7 +42,7 @@ def test_rope_positions_counting_left_pads_are_caught_in_the_cache():
     def column_positions(pads, T, S):
         return np.broadcast_to(np.arange(S - T, S), (len(pads), T))
 
-    with mock.patch.object(kvlesson.padding, "pad_positions", column_positions):
+    with mock.patch.object(kvlesson.serving.padding, "pad_positions", column_positions):
         out, cache = test_padding.errors(CASE)
     assert out < 1e-12 and cache > 0.1
 
@@ -81,23 +81,23 @@ def test_the_unmutated_batched_decode_passes():
 
 def test_a_batched_decode_without_the_length_mask_is_caught():
     """Shorter sequences would attend over the rest of their last block and over the padding blocks."""
-    attend = kvlesson.batch.batched_attention
+    attend = kvlesson.serving.batch.batched_attention
 
     def unmasked(q, K, V, mask):
         return attend(q, K, V, np.ones_like(mask))
 
-    with mock.patch.object(kvlesson.batch, "batched_attention", unmasked), pytest.raises(AssertionError):
+    with mock.patch.object(kvlesson.serving.batch, "batched_attention", unmasked), pytest.raises(AssertionError):
         test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
 
 
 def test_one_position_for_the_whole_batch_is_caught():
     """RoPE at the longest sequence's position for every row: the decode-time twin of counting pads."""
-    real_rope = kvlesson.batch.apply_rope
+    real_rope = kvlesson.serving.batch.apply_rope
 
     def shared_rope(x, positions, base, *, interleaved=False):
         return real_rope(x, np.full_like(positions, max(positions)), base, interleaved=interleaved)
 
-    with mock.patch.object(kvlesson.batch, "apply_rope", shared_rope), pytest.raises(AssertionError):
+    with mock.patch.object(kvlesson.serving.batch, "apply_rope", shared_rope), pytest.raises(AssertionError):
         test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvlesson import KVCache, StaticKVCache, WindowKVCache
 from kvlesson.configs import ACCELERATORS, CHECKPOINT_BYTES, MODELS, Accelerator, Config
-from kvlesson.memory import (
+from kvlesson.costs.memory import (
     BF16,
     decode_floor,
     element_bytes,

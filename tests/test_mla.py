@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlesson import mla
 from kvlesson.rope import apply_rope
+from kvlesson.shrink import mla
 from tests.reference import rope_one
 
 

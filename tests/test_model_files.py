@@ -9,7 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from kvlesson import f32cache, fetch, gguf_file, llama
+from kvlesson import llama
+from kvlesson.weights import f32cache, fetch, gguf_file
 
 CFG = dict(D=16, n_layers=2, H=4, Hkv=2, d=4, hidden=24)
 TOKENS = ["a", "b", "c", "d", " ", "Ġ", "ab", "cd", "<|im_start|>", "<|im_end|>", "x", "y"]
@@ -134,7 +135,7 @@ def test_a_damaged_float32_copy_is_rebuilt_with_one_line_not_used(tmp_path, cach
 def test_the_checksums_catch_a_change_the_sizes_cannot(tmp_path):
     path = tiny_gguf(tmp_path / "tiny.gguf")
     f = gguf_file.read(path)
-    from kvlesson import layout
+    from kvlesson.weights import layout
     folder = tmp_path / "copy.f32"
     f32cache.save(folder, f.config, layout.matmul_weights(f.tensors), f.tokenizer, f.chat_template)
     f32cache.load(folder)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import KVCache, step
-from kvlesson.padding import batched_attention, pad_left, pad_mask, pad_positions, padded_step
+from kvlesson.serving.padding import batched_attention, pad_left, pad_mask, pad_positions, padded_step
 
 
 @st.composite

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import KVCache, step
-from kvlesson.paged import PagedKVCache
+from kvlesson.serving.paged import PagedKVCache
 from tests.test_core_properties import layers, reference, run_chunks
 
 OPS = st.lists(st.tuples(

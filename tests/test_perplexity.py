@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvlesson import KVCache
-from kvlesson.perplexity import perplexity, token_nll, window_nll, windows
+from kvlesson.costs.perplexity import perplexity, token_nll, window_nll, windows
 
 
 class Uniform:
@@ -77,8 +77,8 @@ def test_window_nll_reads_each_window_through_its_own_fresh_caches():
 
 
 def test_the_float64_model_agrees_with_the_float32_one_and_keeps_its_table_tied(model):
-    from kvlesson import layout
     from kvlesson.text import long_text
+    from kvlesson.weights import layout
 
     model64 = model.astype(np.float64)
     ids = model.tokenizer.encode(long_text())[:24]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import KVCache, step
-from kvlesson.quant import QuantizedKVCache, dequantize, pack, quantize, unpack
+from kvlesson.shrink.quant import QuantizedKVCache, dequantize, pack, quantize, unpack
 
 
 @given(st.sampled_from([2, 4, 8]), st.integers(0, 5), st.integers(0, 6), st.integers(0, 2**32 - 1))

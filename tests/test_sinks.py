@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import KVCache, WindowKVCache, step
-from kvlesson.sinks import SinkKVCache, StreamingSinkKVCache, sink_mask
+from kvlesson.shrink.sinks import SinkKVCache, StreamingSinkKVCache, sink_mask
 from tests.reference import full_pass, rope_one
 
 

@@ -1,4 +1,4 @@
-"""`python -m kvlesson.student` strips solutions, keeps everything else and refuses broken markers."""
+"""`python -m kvlesson.teaching.student` strips solutions, keeps everything else and refuses broken markers."""
 import subprocess
 import sys
 from pathlib import Path
@@ -7,8 +7,8 @@ import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from kvlesson.checks import check_softmax
-from kvlesson.student import BEGIN, END, main, strip_solutions, student_notebook, write_student_copies
+from kvlesson.teaching.checks import check_softmax
+from kvlesson.teaching.student import BEGIN, END, main, strip_solutions, student_notebook, write_student_copies
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -139,7 +139,7 @@ def test_runs_as_a_module(tmp_path):
     src = tmp_path / "notebooks"
     src.mkdir()
     nbformat.write(lesson(("code", EXERCISE, None)), src / "01_a.ipynb")
-    done = subprocess.run([sys.executable, "-m", "kvlesson.student", str(src), str(tmp_path / "student")],
+    done = subprocess.run([sys.executable, "-m", "kvlesson.teaching.student", str(src), str(tmp_path / "student")],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "student" / "01_a.ipynb").exists()

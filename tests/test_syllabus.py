@@ -1,4 +1,4 @@
-"""kvlesson.syllabus counts what a lesson holds, estimates its minutes, and keeps the instructor guide's tables true."""
+"""kvlesson.teaching.syllabus counts what a lesson holds, estimates its minutes, and keeps the guide's tables true."""
 import json
 import math
 import re
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlesson import syllabus
-from kvlesson.syllabus import Block, Session
+from kvlesson.teaching import syllabus
+from kvlesson.teaching.syllabus import Block, Session
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS, GUIDE = ROOT / "notebooks", ROOT / "docs" / "instructor_guide.md"
@@ -124,11 +124,12 @@ def test_a_plan_that_overruns_is_reported_and_still_adds_up():
 
 def test_the_guide_shows_what_the_command_prints_now():
     """The guide's timing tables are generated: re-executing a lesson or editing a plan must be followed by
-    `python -m kvlesson.syllabus --write docs/instructor_guide.md`."""
+    `python -m kvlesson.teaching.syllabus --write docs/instructor_guide.md`."""
     text = GUIDE.read_text(encoding="utf-8")
     assert text.count(syllabus.START) == text.count(syllabus.END) == 1
     assert syllabus.guide_block(text) == syllabus.markdown(NOTEBOOKS), (
-        "docs/instructor_guide.md is out of date: run python -m kvlesson.syllabus --write docs/instructor_guide.md")
+        "docs/instructor_guide.md is out of date: run "
+        "python -m kvlesson.teaching.syllabus --write docs/instructor_guide.md")
 
 
 def test_write_replaces_only_the_marked_block(tmp_path):

@@ -2,8 +2,8 @@
 import pytest
 
 from kvlesson.configs import ACCELERATORS, MODELS
-from kvlesson.memory import decode_floor, kv_bytes, weight_bytes
-from kvlesson.widgets.calculator import CACHE_DTYPES, price, price_table
+from kvlesson.costs.memory import decode_floor, kv_bytes, weight_bytes
+from kvlesson.teaching.widgets.calculator import CACHE_DTYPES, price, price_table
 
 
 def test_price_of_the_card_example():
@@ -57,7 +57,7 @@ def test_bad_choices_raise_an_error_naming_them(kwargs, words):
 
 def test_the_widget_wraps_price(capsys):
     pytest.importorskip("ipywidgets")
-    from kvlesson.widgets.calculator import calculator
+    from kvlesson.teaching.widgets.calculator import calculator
 
     w = calculator()
     assert [c.description for row in w.children[:-1] for c in row.children] == [

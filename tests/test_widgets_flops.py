@@ -1,11 +1,11 @@
-"""The FLOP explorer's pure functions: per-step costs that add up to kvlesson.flops, a table, a figure."""
+"""The FLOP explorer's pure functions: per-step costs that add up to kvlesson.costs.flops, a table, a figure."""
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
 from kvlesson.configs import MODELS
-from kvlesson.flops import cached_flops, matmul_params, recompute_flops, score_flops_per_key
-from kvlesson.widgets.flops import SCORES, draw_flops, flops_explorer, flops_table, show_flops, step_flops
+from kvlesson.costs.flops import cached_flops, matmul_params, recompute_flops, score_flops_per_key
+from kvlesson.teaching.widgets.flops import SCORES, draw_flops, flops_explorer, flops_table, show_flops, step_flops
 
 
 def test_steps_follow_the_lessons_count():

@@ -4,7 +4,14 @@ import pytest
 from matplotlib.figure import Figure
 
 from kvlesson import causal_mask
-from kvlesson.widgets.mask import draw_masks, keys_table, mask_explorer, show_masks, top_left_mask, visible_keys
+from kvlesson.teaching.widgets.mask import (
+    draw_masks,
+    keys_table,
+    mask_explorer,
+    show_masks,
+    top_left_mask,
+    visible_keys,
+)
 
 
 def test_top_left_mask_is_the_tril_bug():
@@ -85,7 +92,7 @@ def test_show_masks_displays_an_image_then_the_table(capsys):
 def test_the_window_picker_shows_off_when_there_is_no_window():
     """ipywidgets reads value=None as "nothing selected"; the dropdown must show its "off" entry instead."""
     pytest.importorskip("ipywidgets")
-    from kvlesson.widgets.mask import mask_explorer
+    from kvlesson.teaching.widgets.mask import mask_explorer
 
     box = mask_explorer()
     picker = next(c for c in box.children[0].children if getattr(c, "description", "") == "window")
@@ -95,7 +102,7 @@ def test_the_window_picker_shows_off_when_there_is_no_window():
 def test_an_explorer_not_yet_run_reads_as_a_sentence():
     """Saved before a kernel ran it, a widget shows its text form: a sentence, not `VBox(children=(HBox(...`."""
     pytest.importorskip("ipywidgets")
-    from kvlesson.widgets.explorer import UNRUN
+    from kvlesson.teaching.widgets.explorer import UNRUN
 
     bundle = mask_explorer()._repr_mimebundle_()
     assert bundle["text/plain"] == UNRUN and "application/vnd.jupyter.widget-view+json" in bundle

@@ -5,8 +5,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kvlesson.paged import PagedKVCache  # noqa: E402
-from kvlesson.widgets.paged import draw_pool, pool_layout  # noqa: E402
+from kvlesson.serving.paged import PagedKVCache  # noqa: E402
+from kvlesson.teaching.widgets.paged import draw_pool, pool_layout  # noqa: E402
 
 
 def small_pool():

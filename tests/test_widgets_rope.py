@@ -7,7 +7,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from kvlesson import apply_rope  # noqa: E402
-from kvlesson.widgets.rope import draw_rope_pair, pair_path  # noqa: E402
+from kvlesson.teaching.widgets.rope import draw_rope_pair, pair_path  # noqa: E402
 
 
 def test_pair_path_is_apply_rope_on_a_unit_vector():

@@ -7,7 +7,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from kvlesson import WindowKVCache, causal_mask  # noqa: E402
-from kvlesson.widgets.window import DROPPED, HELD, NEW, draw_window, window_layout  # noqa: E402
+from kvlesson.teaching.widgets.window import DROPPED, HELD, NEW, draw_window, window_layout  # noqa: E402
 
 
 @pytest.mark.parametrize("T, S, W", [(3, 7, 3), (1, 10, 4), (5, 5, 2), (2, 9, 1), (4, 6, 20), (0, 3, 2)])

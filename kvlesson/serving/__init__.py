@@ -1,0 +1,1 @@
+"""Many sequences at once: a paged KV pool, padded batches, continuous batching."""

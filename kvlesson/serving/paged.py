@@ -1,0 +1,190 @@
+"""A paged KV pool: many sequences share one preallocated array of fixed-size blocks (vLLM's PagedAttention idea).
+
+    pool = PagedKVCache(n_blocks=64, block_size=16, Hkv=3, d=64, dtype=np.float32)
+    a = pool.new_sequence()                 # an id; no memory yet
+    step(x, Wq, Wk, Wv, pool.sequence(a), H, Hkv)   # the view is a cache like any other
+    b = pool.fork(a)                        # b shares every block of a; nothing is copied
+    pool.block_table(a)                     # [7, 2, ...]: where a's positions live
+    pool.free(a)                            # its blocks go back to the pool when nobody else uses them
+
+Position p of a sequence lives in physical block table[p // block_size], at slot p % block_size. A sequence takes
+a new block only when its last one is full, so at most block_size - 1 slots per sequence are ever idle.
+
+Sharing is by reference count. A full shared block is never written again, so it stays shared. A partly filled
+shared block is copied the moment either side writes into it (copy-on-write): the writer gets a private copy,
+and the other sequences keep the original.
+"""
+import math
+
+import numpy as np
+
+from kvlesson import validate
+from kvlesson.cache import _Cache, _float_dtype
+
+
+class PagedKVCache:
+    """One pool of n_blocks blocks of block_size positions: K and V [Hkv, n_blocks, block_size, d].
+
+    The Hkv heads are one layer's KV heads, or every layer's at once (kvlesson.serving.batch.model_pool), so that one
+    block table serves a whole model. Each sequence owns a block table, the physical blocks that hold its positions in
+    order. Every method checks its arguments and that the pool can do all of it before anything moves, so a refused
+    call (ValueError, TypeError) leaves every sequence as it was.
+    """
+
+    def __init__(self, n_blocks, block_size, Hkv, d, dtype=np.float64):
+        self.n_blocks = validate.integer("n_blocks", n_blocks, minimum=1)
+        self.block_size = validate.integer("block_size", block_size, minimum=1)
+        self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
+        self.dtype = _float_dtype(dtype)
+        self.k = np.zeros((Hkv, n_blocks, block_size, d), self.dtype)  # [Hkv, n_blocks, block_size, d]
+        self.v = np.zeros((Hkv, n_blocks, block_size, d), self.dtype)
+        self.refs = [0] * n_blocks  # how many block tables point at each block
+        self._free = list(range(n_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
+        self._tables, self._lens = {}, {}  # sequence id -> block table, -> positions written
+        self._next_id = 0  # ids are never reused, so a stale id cannot reach another sequence
+
+    # ---- sequences
+
+    def new_sequence(self):
+        """-> the id of a new, empty sequence. It holds no block until its first append."""
+        return self._add([], 0)
+
+    def sequence(self, seq):
+        """The view of one sequence that step() and model.forward take like any cache (append, len, nbytes)."""
+        self._table(seq)
+        return PagedSequence(self, seq)
+
+    def fork(self, seq):
+        """-> the id of a new sequence that shares every block of `seq`. Nothing is copied, nothing allocated."""
+        table = self._table(seq)
+        for block in table:
+            self.refs[block] += 1
+        return self._add(list(table), self._lens[seq])
+
+    def free(self, seq):
+        """Drop a sequence. Each of its blocks returns to the pool once no other sequence points at it."""
+        for block in self._table(seq):
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self._free.append(block)
+        del self._tables[seq], self._lens[seq]
+
+    def block_table(self, seq):
+        """-> list[int]: the physical block of each of the sequence's logical blocks, in order (a copy)."""
+        return list(self._table(seq))
+
+    def block_tables(self, seqs):
+        """-> (tables int [B, n], lengths int [B]): the tables of many sequences as one array, each padded with block
+        0 up to the longest (n blocks), and how many positions each holds. An attention kernel for a whole batch
+        takes exactly this; the padding is never read, because lengths say where each sequence ends."""
+        tables = [self._table(s) for s in seqs]
+        index = np.zeros((len(tables), max(map(len, tables), default=0)), dtype=np.intp)  # [B, n]
+        for row, table in zip(index, tables, strict=True):
+            row[: len(table)] = table
+        return index, np.array([self._lens[s] for s in seqs], dtype=np.intp)
+
+    def length(self, seq):
+        """Positions the sequence holds: the position of its next token."""
+        self._table(seq)
+        return self._lens[seq]
+
+    @property
+    def blocks_free(self):
+        return len(self._free)
+
+    @property
+    def nbytes(self):
+        """Bytes the pool holds: every block, in use or not (it is allocated once, up front)."""
+        return self.k.nbytes + self.v.nbytes
+
+    # ---- the two halves of an append
+
+    def reserve(self, seq, T):
+        """Make room for T more positions of `seq` -> (blocks [T], slots [T]), where they go.
+
+        Takes new blocks as the sequence crosses block boundaries, and first copies its last block when that
+        block is partly filled and shared (copy-on-write). Raises ValueError, changing nothing, when the pool
+        has too few free blocks.
+        """
+        table, T = self._table(seq), validate.integer("T", T)
+        L, bs = self._lens[seq], self.block_size
+        shared_tail = T > 0 and L % bs != 0 and self.refs[table[-1]] > 1
+        fresh = math.ceil((L + T) / bs) - len(table)
+        if fresh + shared_tail > len(self._free):
+            raise ValueError(f"out of blocks: sequence {seq} needs {fresh + shared_tail} more to hold {L} + T={T} "
+                             f"positions, and {len(self._free)} of {self.n_blocks} are free")
+        if shared_tail:  # copy-on-write: this sequence gets a private copy, the others keep the original
+            old, new = table[-1], self._take()
+            self.k[:, new], self.v[:, new] = self.k[:, old], self.v[:, old]
+            self.refs[old] -= 1
+            table[-1] = new
+        table.extend(self._take() for _ in range(fresh))
+        positions = np.arange(L, L + T)
+        self._lens[seq] = L + T
+        return np.asarray(table, dtype=np.intp)[positions // bs], positions % bs
+
+    def gather(self, seq):
+        """-> (K, V) [Hkv, S, d]: the sequence's keys and values in position order, read through its table."""
+        table, S = self._table(seq), self._lens[seq]
+        shape = (self.Hkv, len(table) * self.block_size, self.d)
+        K = np.take(self.k, table, axis=1).reshape(shape)  # a copy of whole blocks, in the table's order
+        V = np.take(self.v, table, axis=1).reshape(shape)
+        return K[:, :S], V[:, :S]
+
+    # ---- bookkeeping
+
+    def _add(self, table, length):
+        seq, self._next_id = self._next_id, self._next_id + 1
+        self._tables[seq], self._lens[seq] = table, length
+        return seq
+
+    def _take(self):
+        block = self._free.pop()
+        self.refs[block] = 1
+        return block
+
+    def _table(self, seq):
+        seq = validate.integer("seq", seq)
+        if seq not in self._tables:
+            raise ValueError(f"sequence {seq} is not in this pool (never made, or freed); live: {sorted(self._tables)}")
+        return self._tables[seq]
+
+    def __repr__(self):
+        return (f"PagedKVCache({self.n_blocks} blocks of {self.block_size}, Hkv={self.Hkv}, d={self.d}, "
+                f"{self.dtype}; {len(self._tables)} sequences, {self.blocks_free} blocks free)")
+
+
+class PagedSequence(_Cache):
+    """One sequence of a PagedKVCache, seen as a cache: append(k_new, v_new) -> (K, V), len, nbytes, Hkv, d, dtype.
+
+    It keeps no state of its own: the position and the blocks live in the pool, so two views of one sequence
+    always agree. The append checks (shapes, dtype) are those of every kvlesson cache.
+    """
+
+    def __init__(self, pool, seq):  # no _Cache.__init__: the position lives in the pool, not here
+        self.pool, self.id = pool, seq
+        self.Hkv, self.d, self.dtype = pool.Hkv, pool.d, pool.dtype
+
+    def __len__(self):
+        return self.pool.length(self.id)
+
+    def append(self, k_new, v_new):
+        """[Hkv, T, d] each -> (K, V) [Hkv, S, d], after writing the T new positions into the sequence's blocks."""
+        k_new, v_new, T = self._check(k_new, v_new)
+        blocks, slots = self.pool.reserve(self.id, T)
+        self.pool.k[:, blocks, slots] = k_new  # [Hkv, T, d] into T (block, slot) places
+        self.pool.v[:, blocks, slots] = v_new
+        return self.pool.gather(self.id)
+
+    @property
+    def nbytes(self):
+        """Bytes of the blocks this sequence points at (a block shared by n sequences counts for each of them)."""
+        blocks = len(self.pool.block_table(self.id))
+        return 2 * blocks * self.pool.block_size * self.Hkv * self.d * self.dtype.itemsize
+
+    @property
+    def block_table(self):
+        return self.pool.block_table(self.id)
+
+    def __repr__(self):
+        return f"PagedSequence(id={self.id}, len={len(self)}, blocks={self.block_table})"

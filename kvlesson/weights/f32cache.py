@@ -1,0 +1,111 @@
+"""The dequantized float32 weights, kept on disk beside the GGUF file so a second load maps them instead of
+dequantizing again (about 0.5 GB for SmolLM2-135M).
+
+A copy is only ever used whole and intact:
+  - it is written into a temporary folder and renamed into place at the end, so a crash never leaves half a
+    copy; the temporary folder is removed whatever happens, a lost race or a full disk included;
+  - the manifest records every array's size and CRC-32 when it is written, and load() checks them all before
+    handing out a single array; any difference raises Damaged, and the caller rebuilds from the GGUF file.
+CRC-32 (zlib) is there to catch accidental damage (a truncated or overwritten file), not tampering; checking
+all 538 MB takes about 0.15 s on the machine the project is developed on.
+"""
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from kvlesson.configs import Config
+from kvlesson.weights import layout
+
+VERSION = "4"  # bump when the layout of the folder or the meaning of its config changes
+
+
+class Damaged(Exception):
+    """The folder is not a complete, intact copy; the message says what is wrong."""
+
+
+def folder_for(cache_dir, gguf_path, digest):
+    """The folder of float32 arrays for this exact file (keyed by its sha256)."""
+    return Path(cache_dir) / f"{Path(gguf_path).stem}.{digest[:16]}.f32"
+
+
+def save(folder, config, weights, tokenizer_data, chat_template):
+    """Write the arrays (memory order included) and the manifest; OSError if the folder cannot be written."""
+    folder = Path(folder)
+    tied = layout.is_tied(weights)
+    names = sorted(n for n in weights if not (tied and n == "token_embd.weight"))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(folder.parent)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".f32-"))
+    try:
+        files = {}
+        for name in names:
+            path = tmp / f"{name}.npy"
+            np.save(path, weights[name])  # a transposed view is saved in Fortran order, no copy
+            files[name] = {"bytes": path.stat().st_size, "crc32": _crc32(path)}
+        manifest = {"version": VERSION, "config": dataclasses.asdict(config), "chat_template": chat_template,
+                    "tied": tied, "files": files}
+        (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_data))
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        if folder.exists():  # an older or damaged copy: this one replaces it
+            shutil.rmtree(folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not (folder / "manifest.json").is_file():
+                raise
+            # another process renamed its copy into place first: theirs stands, ours goes
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(folder):
+    """-> (Config, {name: read-only float32 array}, tokenizer data, chat template); Damaged if anything is off."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        tokenizer_data = json.loads((folder / "tokenizer.json").read_text())
+    except FileNotFoundError as e:
+        raise Damaged(f"{Path(e.filename).name} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise Damaged("its manifest is not valid JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("version") != VERSION:
+        raise Damaged("it was written by another version of kvlesson")
+    for name, want in manifest["files"].items():
+        path = folder / f"{name}.npy"
+        size = path.stat().st_size if path.is_file() else None
+        if size != want["bytes"]:
+            raise Damaged(f"{path.name} has {size} bytes; {want['bytes']} were written")
+        if _crc32(path) != want["crc32"]:
+            raise Damaged(f"{path.name} fails its CRC-32: its bytes changed after it was written")
+    w = {name: np.asarray(np.load(folder / f"{name}.npy", mmap_mode="r")) for name in manifest["files"]}
+    if any(a.dtype != np.float32 for a in w.values()):
+        raise Damaged("it holds an array that is not float32")
+    if manifest["tied"]:
+        w["token_embd.weight"] = w["output.weight"].T
+    return Config(**manifest["config"]), w, tokenizer_data, manifest["chat_template"]
+
+
+def _remove_stale(parent, age=3600):
+    """Temporary folders more than an hour old belong to a process that was killed mid-write."""
+    now = time.time()
+    for old in parent.glob(".f32-*"):
+        try:
+            if now - old.stat().st_mtime > age:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _crc32(path):
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            crc = zlib.crc32(block, crc)
+    return crc
