@@ -1,25 +1,63 @@
-"""Three KV caches with one protocol.
+"""The KV cache protocol, written down once, and three caches that follow it.
 
-    append(k_new, v_new) -> (K, V)   k_new, v_new [Hkv, T, d]; K, V [Hkv, S, d], oldest first:
-                                     the keys and values the T new queries attend over
+A cache needs only three things for `kvlesson.step` to take it (a class of your own in lesson 03 has just these):
+
+    Hkv, d                           its KV heads and head dim
+    append(k_new, v_new) -> (K, V)   k_new, v_new [Hkv, T, d]; K, V [Hkv, S, d], oldest first: the keys and values
+                                     the T new queries attend over, the new ones last
     len(cache)                       tokens seen so far: the absolute position of the next token
-    cache.nbytes                     bytes held
 
-An append that is rejected raises ValueError and leaves the cache exactly as it was.
+`Cache` below is the base class of every kvlesson cache. It adds the optional parts, each with the meaning a cache
+without it has, so that nothing has to be probed for:
+
+    dtype                            the floating dtype it holds: step refuses anything else
+    nbytes                           bytes it holds
+    window                           W when its keys are a sliding window (None: a query sees every earlier key)
+    capacity                         positions it can hold (None: it grows)
+    mask(T)                          None when the T newest queries see their keys by the offset causal mask (with the
+                                     window), else bool [T, S] over the keys the append of those T tokens handed back;
+                                     it answers for the cache as it stands, so it depends on len(cache), not on calls
+    truncate(n)                      keep the first n positions, as if the rest had never been appended (speculative
+                                     decoding rolls a cache back this way); ValueError, naming how far back it can go,
+                                     when a cache cannot
+
+A rejected append or truncate raises ValueError (or TypeError) and leaves the cache exactly as it was.
 """
 import numpy as np
 
 from kvlesson import validate
 
+__all__ = ["Cache", "KVCache", "StaticKVCache", "WindowKVCache", "rules", "float_dtype"]
 
-class _Cache:
+
+class Cache:
+    """The base class of kvlesson's caches: the protocol's optional parts and their defaults, and the checks an append
+    makes before any state moves. A subclass sets self._seen in the one place its position advances."""
+
+    window = None
+    capacity = None
+
     def __init__(self, Hkv, d, dtype):
         self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
-        self.dtype = _float_dtype(dtype)
+        self.dtype = float_dtype(dtype)
         self._seen = 0  # the one place the position advances
 
     def __len__(self):
         return self._seen
+
+    def append(self, k_new, v_new):
+        raise NotImplementedError
+
+    @property
+    def nbytes(self):
+        raise NotImplementedError
+
+    def mask(self, T):
+        """None: the T newest queries see the keys handed back by the offset causal mask (and the window)."""
+        return None
+
+    def truncate(self, n):
+        raise NotImplementedError(f"{type(self).__name__} cannot roll back")
 
     def _check(self, k_new, v_new):
         """Validate before touching any state; return (k_new, v_new, T) as arrays."""
@@ -36,8 +74,26 @@ class _Cache:
             )
         return k_new, v_new, k_new.shape[1]
 
+    def _check_truncate(self, n, oldest=0):
+        """-> n, checked: a position between `oldest` (the furthest back this cache can roll) and len(self)."""
+        n = validate.integer("n", n)
+        if n > self._seen:
+            raise ValueError(f"truncate(n={n}): the cache holds only {self._seen} positions")
+        if n < oldest:
+            raise ValueError(f"truncate(n={n}): this {type(self).__name__} can roll back only to position {oldest} "
+                             f"({self._seen - oldest} of its {self._seen} positions)")
+        return n
 
-class KVCache(_Cache):
+
+def rules(cache):
+    """-> (window, capacity, dtype) of any cache, with the protocol's defaults for a class that has only the required
+    parts. The one place kvlesson reads a cache's optional attributes."""
+    if isinstance(cache, Cache):
+        return cache.window, cache.capacity, cache.dtype
+    return getattr(cache, "window", None), getattr(cache, "capacity", None), getattr(cache, "dtype", None)
+
+
+class KVCache(Cache):
     """Grows by concatenation: simple, but every append copies the whole cache (quadratic in copies)."""
 
     def __init__(self, Hkv, d, dtype=np.float64):
@@ -53,12 +109,16 @@ class KVCache(_Cache):
             self._seen += T
         return self.k, self.v
 
+    def truncate(self, n):
+        n = self._check_truncate(n)
+        self.k, self.v, self._seen = self.k[:, :n].copy(), self.v[:, :n].copy(), n
+
     @property
     def nbytes(self):
         return self.k.nbytes + self.v.nbytes
 
 
-class StaticKVCache(_Cache):
+class StaticKVCache(Cache):
     """Preallocates `capacity` positions and writes each new block in place (no copies of the past)."""
 
     def __init__(self, Hkv, d, capacity, dtype=np.float64):
@@ -79,30 +139,36 @@ class StaticKVCache(_Cache):
         self._seen = S
         return self.k[:, :S], self.v[:, :S]  # views, no copy
 
+    def truncate(self, n):
+        self._seen = self._check_truncate(n)  # the positions past n are overwritten by the next append
+
     @property
     def nbytes(self):
         return self.k.nbytes + self.v.nbytes
 
 
-class WindowKVCache(_Cache):
+class WindowKVCache(Cache):
     """A ring buffer for a sliding window of W keys.
 
-    With a window of W, the oldest key the next query can see is W - 1 positions back,
-    so between steps the cache keeps only the last W - 1 positions. During a step of T new
-    tokens it hands back the last W - 1 + T, because the first new query still needs
-    the W - 1 keys before it. Absolute position p lives in slot p % (W - 1).
+    With a window of W, the oldest key the next query can see is W - 1 positions back, so between steps the cache
+    needs only the last W - 1 positions. During a step of T new tokens it hands back the last W - 1 + T, because the
+    first new query still needs the W - 1 keys before it. `slack` more slots keep that many older positions too: they
+    are never attended over, but they let truncate roll the cache back by up to `slack` positions (a ring of exactly
+    W - 1 slots has already overwritten what a rollback would need). Absolute position p lives in slot p % slots.
     """
 
-    def __init__(self, Hkv, d, window, dtype=np.float64):
+    def __init__(self, Hkv, d, window, dtype=np.float64, *, slack=0):
         super().__init__(Hkv, d, dtype)
         self.window = validate.integer("window", window, minimum=1)
-        self.slots = window - 1
-        self.k = np.zeros((Hkv, self.slots, d), self.dtype)  # [Hkv, W - 1, d], ring order
+        self.slack = validate.integer("slack", slack)
+        self.slots = window - 1 + self.slack
+        self.k = np.zeros((Hkv, self.slots, d), self.dtype)  # [Hkv, W - 1 + slack, d], ring order
         self.v = np.zeros((Hkv, self.slots, d), self.dtype)
+        self._oldest = 0  # the furthest back truncate may go: positions before it have been overwritten
 
     def append(self, k_new, v_new):
         k_new, v_new, T = self._check(k_new, v_new)
-        held = min(self._seen, self.slots)
+        held = min(self._seen, self.window - 1)  # only the last W - 1 are attended over
         ring = np.arange(self._seen - held, self._seen) % max(self.slots, 1)  # [held], oldest first
         K = np.concatenate([self.k[:, ring], k_new], axis=1)  # [Hkv, held + T, d]
         V = np.concatenate([self.v[:, ring], v_new], axis=1)
@@ -113,14 +179,20 @@ class WindowKVCache(_Cache):
             self.k[:, dest] = k_new[:, T - keep :]
             self.v[:, dest] = v_new[:, T - keep :]
         self._seen += T
+        if self._seen > self.slots:  # position seen - slots - 1 was just overwritten, and a query at p needs p - W + 1
+            self._oldest = max(self._oldest, self._seen - self.slack)
         return K, V
+
+    def truncate(self, n):
+        self._seen = self._check_truncate(n, self._oldest)
+        # the slots of positions n .. are stale, and positions n - slots .. n - 1 are all still in the ring
 
     @property
     def nbytes(self):
         return self.k.nbytes + self.v.nbytes
 
 
-def _float_dtype(dtype):
+def float_dtype(dtype):
     """-> a numpy floating dtype; a cache of integers would truncate every key."""
     try:
         dt = np.dtype(dtype)

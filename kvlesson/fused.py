@@ -14,6 +14,7 @@ summation order. Everything after that is kvlesson.layer.attend, the second half
 """
 import numpy as np
 
+from kvlesson.cache import rules
 from kvlesson.layer import attend
 from kvlesson.model import rms_norm, silu
 from kvlesson.rope import apply_rope
@@ -48,7 +49,7 @@ def forward(cfg, fw, ids, caches):
         qk = qkv[:, : (H + Hkv) * d].reshape(T, H + Hkv, d).transpose(1, 0, 2)  # [H + Hkv, T, d]
         qk = apply_rope(qk, positions, cfg.rope_base, interleaved=cfg.rope_interleaved)  # one rotation for both
         v = qkv[:, (H + Hkv) * d :].reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
-        a = attend(qk[:H], qk[H:], v, cache, window=getattr(cache, "window", None))  # [T, H*d], rotated already
+        a = attend(qk[:H], qk[H:], v, cache, window=rules(cache)[0])  # [T, H*d], rotated already
         x = x + a @ fw[b + "attn_output.weight"]
         h = rms_norm(x, fw[b + "ffn_norm.weight"], cfg.norm_eps)
         gu = h @ fw[b + "ffn_gate_up.weight"]  # [T, 2 hidden]: one product instead of two

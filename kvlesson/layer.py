@@ -1,7 +1,14 @@
-"""One attention layer over a cache: project only the new tokens, rotate, cache, attend."""
+"""One attention layer over a cache: project only the new tokens, rotate, cache, attend.
+
+step is the function lesson 03 builds and every later lesson calls. It checks its arguments, then does two things,
+each a function of its own so that the model's forward pass (kvlesson.model) can call them without checking again:
+    project(x, Wq, Wk, Wv, H, Hkv) -> q, k, v      the new tokens' queries, keys and values
+    attend(q, k, v, cache, ...) -> [T, H*d]        rotate at absolute positions, append to the cache, attend
+"""
 import numpy as np
 
 from kvlesson import validate
+from kvlesson.cache import Cache, rules
 from kvlesson.rope import apply_rope
 from kvlesson.sdpa import attention
 
@@ -9,10 +16,9 @@ from kvlesson.sdpa import attention
 def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleaved=False):
     """[T, D] new tokens -> [T, H*d]. Works for prefill, chunked prefill and decode alike.
 
-    Wq [D, H*d], Wk and Wv [D, Hkv*d]. With rope_base, q and k are rotated at their absolute
-    positions len(cache) + i, before the keys are cached. A WindowKVCache brings its own window; a cache
-    with its own visibility rule (a `mask(T)` method, [T, S] bool over the keys it just handed back) brings
-    that instead.
+    Wq [D, H*d], Wk and Wv [D, Hkv*d]. With rope_base, q and k are rotated at their absolute positions
+    len(cache) + i, before the keys are cached. A cache with a window brings its own; a cache whose visibility is
+    not the offset mask (its mask(T) is not None) brings that instead.
     """
     # every argument is checked before the cache moves: a rejected step leaves it as it was
     x, Wq, Wk, Wv, H, Hkv, d = _check(x, Wq, Wk, Wv, cache, H, Hkv)
@@ -21,19 +27,25 @@ def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleav
         rope_base = validate.positive("rope_base", rope_base)
         if d % 2:
             raise ValueError(f"RoPE needs an even head dim d; got d={d} (x {x.shape}, Wq {Wq.shape}, H={H})")
+    q, k, v = project(x, Wq, Wk, Wv, H, Hkv)
+    return attend(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
+
+
+def project(x, Wq, Wk, Wv, H, Hkv):
+    """[T, D] -> q [H, T, d], k and v [Hkv, T, d]: only the new tokens are projected."""
     T = x.shape[0]
+    d = Wq.shape[1] // H
     q = (x @ Wq).reshape(T, H, d).transpose(1, 0, 2)  # [H, T, d]
     k = (x @ Wk).reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
     v = (x @ Wv).reshape(T, Hkv, d).transpose(1, 0, 2)  # [Hkv, T, d]
-    return attend(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
+    return q, k, v
 
 
 def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
     """[H, T, d] new queries, [Hkv, T, d] new keys and values -> [T, H*d]: the second half of step.
 
-    Rotates q and k at their absolute positions len(cache) + i, appends k and v to the cache, and attends the
-    new queries over everything the cache hands back. step calls it after its three projections; a fused
-    path that projects q, k and v in one product (kvlesson.fused) calls it too.
+    Rotates q and k at their absolute positions len(cache) + i, appends k and v to the cache, and attends the new
+    queries over everything the cache hands back, under the cache's own mask when it has one.
     """
     H, T, d = q.shape
     if rope_base is not None:
@@ -41,10 +53,8 @@ def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
         q = apply_rope(q, positions, rope_base, interleaved=interleaved)
         k = apply_rope(k, positions, rope_base, interleaved=interleaved)
     K, V = cache.append(k, v)  # [Hkv, S, d]
-    if hasattr(cache, "mask"):  # the cache's own rule already includes any window it has
-        out = attention(q, K, V, mask=cache.mask(T))
-    else:
-        out = attention(q, K, V, window=window)
+    mask = cache.mask(T) if isinstance(cache, Cache) else None  # a cache's own rule includes any window it has
+    out = attention(q, K, V, window=window if mask is None else None, mask=mask)
     return out.transpose(1, 0, 2).reshape(T, H * d)  # [T, H*d]
 
 
@@ -64,12 +74,12 @@ def _check(x, Wq, Wk, Wv, cache, H, Hkv):
             raise ValueError(f"{name} must be [D, Hkv*d] = ({D}, {Hkv * d}) to match Wq {Wq.shape}; got {W.shape}")
     if d == 0:
         raise ValueError(f"the head dim d must be at least 1; got Wq {Wq.shape} with H={H}")
-    if not all(hasattr(cache, a) for a in ("append", "Hkv", "d", "__len__")):
+    if not all(hasattr(cache, a) for a in ("append", "Hkv", "d", "__len__")):  # the protocol's required part
         raise TypeError(f"cache must be a KV cache (append, len, Hkv, d); got {type(cache).__name__}")
     if (cache.Hkv, cache.d) != (Hkv, d):
         raise ValueError(f"cache holds Hkv={cache.Hkv}, d={cache.d}; this layer has Hkv={Hkv}, d={d}")
     validate.same_dtype(x=x, Wq=Wq, Wk=Wk, Wv=Wv)
-    held = getattr(cache, "dtype", x.dtype)
+    held = rules(cache)[2] or x.dtype
     if held != x.dtype:
         raise ValueError(f"the cache holds {held} but x and the weights are {x.dtype} (cast explicitly)")
     return x, Wq, Wk, Wv, H, Hkv, d
@@ -77,7 +87,7 @@ def _check(x, Wq, Wk, Wv, cache, H, Hkv):
 
 def _window(cache, window):
     window = validate.window(window)
-    own = getattr(cache, "window", None)
+    own = rules(cache)[0]
     if own is not None and window is not None and window != own:
         raise ValueError(f"step(window={window}) disagrees with the cache's window={own}")
     return own if window is None else window

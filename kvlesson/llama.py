@@ -19,6 +19,7 @@ import numpy as np
 
 from kvlesson import fused, validate
 from kvlesson import model as _model
+from kvlesson.cache import rules
 from kvlesson.serving import batch
 from kvlesson.weights import f32cache, fetch, gguf_file, layout, tokenizer
 from kvlesson.weights.fetch import ModelFileError  # noqa: F401  raised by load(); importable from here
@@ -157,7 +158,7 @@ class Model:
         S = seen.pop() + T
         if S > cfg.max_len:
             raise ValueError(f"{S} positions exceed the context of {cfg.max_len} this model was trained for")
-        room = min(getattr(c, "capacity", S) for c in caches)
+        room = min(rules(c)[1] or S for c in caches)
         if S > room:
             raise ValueError(f"the caches hold {S - T} of {room} positions and cannot take {T} more "
                              f"(make them with new_cache(capacity=...))")

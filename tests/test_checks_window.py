@@ -161,13 +161,17 @@ class AllKeys(KVCache):
 
 
 class WSlotRing(WindowKVCache):
-    """Attends before evicting, but its ring has W slots, so it hands back one key nobody can see."""
+    """Attends before evicting, but keeps and hands back W old keys, one nobody can see."""
 
     def __init__(self, Hkv, d, window, dtype=np.float64):
-        super().__init__(Hkv, d, window, dtype)
-        self.slots = window
-        self.k = np.zeros((Hkv, window, d), self.dtype)
-        self.v = np.zeros((Hkv, window, d), self.dtype)
+        super().__init__(Hkv, d, window, dtype, slack=1)  # a ring of W slots
+
+    def append(self, k_new, v_new):
+        self.window += 1  # the bug: it hands back as many old keys as its ring holds
+        try:
+            return super().append(k_new, v_new)
+        finally:
+            self.window -= 1
 
 
 class SlotOrder(WindowKVCache):

@@ -16,7 +16,7 @@ def test_empty_append_changes_nothing():
         before = len(cache), cache.nbytes
         K, V = cache.append(block(0), block(0))
         assert (len(cache), cache.nbytes) == before
-        assert K.shape[1] == min(4, getattr(cache, "window", 99) - 1)
+        assert K.shape[1] == min(4, (cache.window or 99) - 1)
 
 
 def test_empty_step_returns_empty_in_input_dtype():

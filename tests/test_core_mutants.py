@@ -11,7 +11,7 @@ import pytest
 import kvlesson.layer
 import kvlesson.sdpa
 from kvlesson import KVCache, WindowKVCache, apply_rope
-from kvlesson.cache import _Cache
+from kvlesson.cache import Cache
 from tests.test_core_properties import reference, run_chunks
 
 CASE = dict(H=4, Hkv=2, d=4, D=8, N=9, chunks=[4, 3, 1, 1], window=None, rope_base=None, interleaved=False, seed=7)
@@ -49,7 +49,7 @@ def test_rope_at_local_positions_is_caught():
         assert mismatches(case, KVCache(2, 4))
 
 
-class EvictBeforeAttend(_Cache):
+class EvictBeforeAttend(Cache):
     """Writes the new block first, then hands back only the last W - 1: chunks with T > 1 lose keys."""
 
     def __init__(self, Hkv, d, window):

@@ -129,8 +129,9 @@ def test_mask_is_the_position_rule(sinks, window, chunks):
         n = len(cache)
         cache.append(np.zeros((1, T, 2)), np.zeros((1, T, 2)))
         mask = cache.mask(T)
+        assert np.array_equal(mask, cache.mask(T))  # a question about the cache as it stands: ask it twice
         for i in range(T):
-            seen = cache.positions[mask[i]].tolist()
+            seen = cache.key_positions(T)[mask[i]].tolist()
             assert seen == visible(n + i, sinks, window)
 
 
@@ -170,7 +171,7 @@ class ForgetsSinks(SinkKVCache):
     """The bug: the sinks are handed back, but the mask drops them once they leave the window (window-only)."""
 
     def mask(self, T):
-        return sink_mask(self.positions, len(self) - T + np.arange(T), 0, self.window)
+        return sink_mask(self.key_positions(T), len(self) - T + np.arange(T), 0, self.window)
 
 
 class EvictsBeforeAttending(SinkKVCache):
@@ -178,9 +179,9 @@ class EvictsBeforeAttending(SinkKVCache):
 
     def append(self, k_new, v_new):
         super().append(k_new, v_new)  # assembles, then writes; what it assembled is thrown away
-        self.positions = self._held()  # the sinks and the last W - 1 positions, the new block's included
-        ring = self.positions[self.positions >= self.sinks] % max(self.slots, 1)
-        n_sinks = int((self.positions < self.sinks).sum())
+        held = self._held(len(self))  # the sinks and the last W - 1 positions, the new block's included
+        ring = held[held >= self.sinks] % max(self.slots, 1)
+        n_sinks = int((held < self.sinks).sum())
         return (np.concatenate([self.sink_k[:, :n_sinks], self.k[:, ring]], axis=1),
                 np.concatenate([self.sink_v[:, :n_sinks], self.v[:, ring]], axis=1))
 
@@ -207,12 +208,12 @@ def test_bad_arguments_are_named_and_a_refused_append_changes_nothing():
         StreamingSinkKVCache(1, 3, 1, 2, 100.0)
     cache = SinkKVCache(2, 4, 1, 3)
     cache.append(np.ones((2, 5, 4)), np.ones((2, 5, 4)))
-    before = (len(cache), cache.sink_k.copy(), cache.k.copy(), cache.positions.copy())
+    before = (len(cache), cache.sink_k.copy(), cache.k.copy(), cache.mask(5))
     with pytest.raises(ValueError, match="Hkv=2, T, d=4"):
         cache.append(np.ones((2, 3, 5)), np.ones((2, 3, 5)))
     assert len(cache) == before[0]
     np.testing.assert_array_equal(cache.sink_k, before[1])
     np.testing.assert_array_equal(cache.k, before[2])
-    np.testing.assert_array_equal(cache.positions, before[3])
-    with pytest.raises(ValueError, match="mask\\(T=2\\) must follow the append of those T tokens"):
-        cache.mask(2)
+    np.testing.assert_array_equal(cache.mask(5), before[3])
+    with pytest.raises(ValueError, match="T=6: the cache has seen only 5 tokens"):
+        cache.mask(6)

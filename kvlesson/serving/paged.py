@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from kvlesson import validate
-from kvlesson.cache import _Cache, _float_dtype
+from kvlesson.cache import Cache, float_dtype
 
 
 class PagedKVCache:
@@ -35,7 +35,7 @@ class PagedKVCache:
         self.n_blocks = validate.integer("n_blocks", n_blocks, minimum=1)
         self.block_size = validate.integer("block_size", block_size, minimum=1)
         self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
-        self.dtype = _float_dtype(dtype)
+        self.dtype = float_dtype(dtype)
         self.k = np.zeros((Hkv, n_blocks, block_size, d), self.dtype)  # [Hkv, n_blocks, block_size, d]
         self.v = np.zeros((Hkv, n_blocks, block_size, d), self.dtype)
         self.refs = [0] * n_blocks  # how many block tables point at each block
@@ -68,6 +68,21 @@ class PagedKVCache:
             if self.refs[block] == 0:
                 self._free.append(block)
         del self._tables[seq], self._lens[seq]
+
+    def truncate(self, seq, n):
+        """Keep the first n positions of `seq`: blocks past them go back to the pool once no other sequence points at
+        them, and a shared block the sequence keeps is copied on its next write, as after a fork."""
+        table = self._table(seq)
+        n = validate.integer("n", n)
+        if n > self._lens[seq]:
+            raise ValueError(f"truncate(n={n}): sequence {seq} holds only {self._lens[seq]} positions")
+        keep = math.ceil(n / self.block_size)
+        for block in table[keep:]:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self._free.append(block)
+        del table[keep:]
+        self._lens[seq] = n
 
     def block_table(self, seq):
         """-> list[int]: the physical block of each of the sequence's logical blocks, in order (a copy)."""
@@ -154,14 +169,14 @@ class PagedKVCache:
                 f"{self.dtype}; {len(self._tables)} sequences, {self.blocks_free} blocks free)")
 
 
-class PagedSequence(_Cache):
+class PagedSequence(Cache):
     """One sequence of a PagedKVCache, seen as a cache: append(k_new, v_new) -> (K, V), len, nbytes, Hkv, d, dtype.
 
     It keeps no state of its own: the position and the blocks live in the pool, so two views of one sequence
     always agree. The append checks (shapes, dtype) are those of every kvlesson cache.
     """
 
-    def __init__(self, pool, seq):  # no _Cache.__init__: the position lives in the pool, not here
+    def __init__(self, pool, seq):  # no Cache.__init__: the position lives in the pool, not here
         self.pool, self.id = pool, seq
         self.Hkv, self.d, self.dtype = pool.Hkv, pool.d, pool.dtype
 
@@ -181,6 +196,9 @@ class PagedSequence(_Cache):
         """Bytes of the blocks this sequence points at (a block shared by n sequences counts for each of them)."""
         blocks = len(self.pool.block_table(self.id))
         return 2 * blocks * self.pool.block_size * self.Hkv * self.d * self.dtype.itemsize
+
+    def truncate(self, n):
+        self.pool.truncate(self.id, n)
 
     @property
     def block_table(self):

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from kvlesson import validate
-from kvlesson.cache import _Cache
+from kvlesson.cache import Cache
 from kvlesson.sdpa import _checked, causal_mask
 
 __all__ = ["bfloat16", "formats", "round_bf16", "running_sum", "attention_in", "LowPrecisionKVCache"]
@@ -88,7 +88,7 @@ def _sum(x, dtype, axis):
     return x.astype(dtype, copy=False).sum(axis=axis)
 
 
-class LowPrecisionKVCache(_Cache):
+class LowPrecisionKVCache(Cache):
     """A StaticKVCache that stores keys and values in a 16-bit format but takes and hands back float32.
 
     dtype is what append accepts and returns (float32), `store` what is held (bfloat16 or float16 by default):
@@ -120,6 +120,9 @@ class LowPrecisionKVCache(_Cache):
         self.v[:, self._seen : S] = v16
         self._seen = S
         return self.k[:, :S].astype(np.float32), self.v[:, :S].astype(np.float32)
+
+    def truncate(self, n):
+        self._seen = self._check_truncate(n)
 
     @property
     def nbytes(self):

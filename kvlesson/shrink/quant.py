@@ -16,7 +16,7 @@ dtype) until their block fills, as in KIVI. Codes of fewer than 8 bits are packe
 import numpy as np
 
 from kvlesson import validate
-from kvlesson.cache import _Cache, _float_dtype
+from kvlesson.cache import Cache, float_dtype
 
 BITS = (2, 4, 8)
 
@@ -91,6 +91,11 @@ class _Rows:
         self.scale = np.concatenate([self.scale, scale], axis=1)
         self.lo = np.concatenate([self.lo, lo], axis=1)
 
+    def truncate(self, n):  # keep the first n tokens
+        self.codes, self.scale, self.lo = self.codes[:, :n].copy(), self.scale[:, :n].copy(), self.lo[:, :n].copy()
+
+    oldest = 0  # every row has its own scales, so any prefix is exactly what was stored for it
+
     def read(self):  # -> [Hkv, S, d]
         Hkv, S = self.codes.shape[:2]
         codes = unpack(self.codes, self.bits).reshape(Hkv, S, self.d // self.group, self.group)
@@ -125,6 +130,14 @@ class _Channels:
         self.lo = np.concatenate([self.lo, lo], axis=1)
         self.pending = waiting[:, full:].copy()
 
+    @property
+    def oldest(self):
+        """A quantized block's scales came from all its tokens, so a rollback may cut only the keys still waiting."""
+        return self.codes.shape[1]
+
+    def truncate(self, n):
+        self.pending = self.pending[:, : n - self.oldest].copy()
+
     def read(self):  # -> [Hkv, S, d]
         Hkv, n = self.codes.shape[:2]
         codes = unpack(self.codes, self.bits).reshape(Hkv, n // self.block, self.block, self.d)
@@ -136,7 +149,7 @@ class _Channels:
         return self.codes.nbytes + self.scale.nbytes + self.lo.nbytes + self.pending.nbytes
 
 
-class QuantizedKVCache(_Cache):
+class QuantizedKVCache(Cache):
     """A KV cache that stores `bits`-bit codes and scales, and hands back K, V dequantized in `dtype`.
 
     bits        2, 4 or 8
@@ -152,7 +165,7 @@ class QuantizedKVCache(_Cache):
     def __init__(self, Hkv, d, bits=8, *, key_scales="token", group=None, block=32, dtype=np.float32,
                  scale_dtype=None):
         super().__init__(Hkv, d, dtype)
-        scale_dtype = self.dtype if scale_dtype is None else _float_dtype(scale_dtype)
+        scale_dtype = self.dtype if scale_dtype is None else float_dtype(scale_dtype)
         bits = _bits(bits)
         if key_scales not in ("token", "channel"):
             raise ValueError(f'key_scales must be "token" or "channel"; got key_scales={key_scales!r}')
@@ -179,6 +192,14 @@ class QuantizedKVCache(_Cache):
         self.values.add(v_new)
         self._seen += T
         return self.keys.read(), self.values.read()
+
+    def truncate(self, n):
+        """Keep the first n positions. Per-token rows allow any n; per-channel keys only down to the first key still
+        waiting in float, because a block's scales were set by every token in it."""
+        n = self._check_truncate(n, self.keys.oldest)
+        self.keys.truncate(n)
+        self.values.truncate(n)
+        self._seen = n
 
     @property
     def nbytes(self):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvlesson import validate
-from kvlesson.cache import KVCache, WindowKVCache, _Cache
+from kvlesson.cache import Cache, KVCache, WindowKVCache
 from kvlesson.layer import step
 from kvlesson.online import online_attention
 from kvlesson.rope import apply_rope
@@ -110,7 +110,7 @@ _LAYER = ("layer(x, Wq, Wk, Wv, cache, H, Hkv, rope_base=10000.0) -> out [T, H*d
 # ------------------------------------------------------------------------------------------ caches
 
 
-class _GrowingCache(_Cache):
+class _GrowingCache(Cache):
     """Grows by concatenation; newest_first puts each new block in front of the old ones (the lesson 03 bug)."""
 
     def __init__(self, Hkv, d, dtype=np.float64, *, newest_first=False):
@@ -145,7 +145,7 @@ _CACHE = ("cache = Cache(Hkv, d, dtype=np.float64)\n"
           "    Attributes: Hkv, d, dtype, nbytes (bytes held).")
 
 
-class _WindowCache(_Cache):
+class _WindowCache(Cache):
     """A sliding-window cache kept by concatenation. Read first: hand back the W - 1 held positions and the T new
     ones, then keep the last W - 1. evict_first: keep the last W, then hand back what is kept (the lesson 07 bug,
     which only a chunk of T > 1 shows: with W positions kept, one decode query still gets its whole window)."""
