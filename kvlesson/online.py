@@ -1,18 +1,25 @@
-"""Attention without the score matrix: the online softmax (FlashAttention's forward pass) and split-KV decode.
+"""Attention without the score matrix: the online softmax (FlashAttention's forward pass), split-KV decode, and the
+backward pass that recomputes the weights from the log-sum-exp.
 
-Both equal `kvlesson.attention` and take the same arguments; neither ever holds the scores of more than one block
-(or one split) of keys at a time.
+Both forward functions equal `kvlesson.attention` and take the same arguments; neither ever holds the scores of more
+than one block (or one split) of keys at a time.
 
-The running state of a query row, after it has seen some of its keys:
+The running state of a query row, after it has seen some of its keys (Milakov & Gimelshein's online normaliser,
+arXiv 1805.02867, carried with the output as FlashAttention does, arXiv 2205.14135):
     m   the largest score so far                          [..., R, 1]   (-inf before any key)
     l   sum of exp(score - m) over those keys             [..., R, 1]
-    o   sum of exp(score - m) * value over those keys     [..., R, d]   (not yet divided by l)
+    o   sum of exp(score - m) * value over those keys     [..., R, d]   (not yet divided by l: FlashAttention-2)
 When a new block raises the max from m to m', everything summed so far was scaled by exp(-m) where exp(-m') is now
-due, so l and o are both multiplied by alpha = exp(m - m') before the block is added. At the end, out = o / l.
+due, so l and o are both multiplied by alpha = exp(m - m') before the block is added. `finish` turns the state into
+the output o / l and the log-sum-exp of every score the row saw, lse = m + log(l).
 
-Split-KV decode (flash-decoding) cuts the keys into splits that need not see each other: each returns its own
-normalised output and the log-sum-exp of its scores, lse = m + log(l), and `merge_partials` weighs each split by
-its share of the total, exp(lse_i - lse).
+Split-KV decode (flash-decoding) cuts the keys into splits that need not see each other: each is finished into its
+own normalised output and lse, and `merge_partials` weighs each split by its share of the total, exp(lse_i - lse).
+A row that saw no key at all has output 0 and lse -inf: that pair is the merge's identity, so it changes nothing it
+is merged with, and a tree of merges may put it anywhere.
+
+The backward pass needs no stored weights: with the lse of each row, exp(score - lse) is the softmax weight itself,
+so `attention_backward` recomputes the weights one block of keys at a time, as FlashAttention's backward does.
 """
 import math
 
@@ -21,30 +28,33 @@ import numpy as np
 from kvlesson import validate
 from kvlesson.sdpa import _checked
 
-__all__ = ["online_attention", "split_kv_attention", "online_update", "merge_partials"]
+__all__ = ["online_attention", "split_kv_attention", "online_update", "finish", "merge_partials",
+           "attention_backward"]
 
 
-def online_attention(q, k, v, *, block=128, window=None):
+def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], walking the keys `block` at a time.
 
     Same semantics as kvlesson.attention (query i at position S - T + i, GQA by sharing KV heads, T = 0 gives an
     empty result, the output has the input dtype). Sums run in float32 at least: float16 inputs are upcast one
-    block at a time. Blocks that no query's window reaches are never scored.
+    block at a time. Blocks that no query's window reaches are never scored, and a masked key adds nothing, not even
+    the nan or inf its value may hold. return_lse=True also returns each row's log-sum-exp [H, T] (in the
+    accumulation dtype), what the backward pass needs.
     """
     q, k, v, window = _checked(q, k, v, window)
     block = validate.integer("block", block, minimum=1)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
-    if T == 0:
-        return np.zeros_like(q)
     qg, acc = _grouped_queries(q, Hkv)  # [Hkv, G*T, d], scaled by 1/sqrt(d)
     m, l, o = _empty_state(qg.shape[:-1], d, acc)
     first = 0 if window is None else max(0, S - T + 1 - window)  # the oldest key any query still sees
-    for start in range(first, S, block):
+    for start in range(first, S if T else 0, block):
         stop = min(start + block, S)
         s = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, <= block]
         m, l, o = online_update(m, l, o, s, v[:, start:stop].astype(acc, copy=False))
-    return (o / l).reshape(H, T, d).astype(q.dtype, copy=False)
+    out, lse = finish(m, l, o)
+    out = out.reshape(H, T, d).astype(q.dtype, copy=False)
+    return (out, lse.reshape(H, T)) if return_lse else out
 
 
 def split_kv_attention(q, k, v, *, splits=4, window=None):
@@ -64,39 +74,99 @@ def split_kv_attention(q, k, v, *, splits=4, window=None):
     bounds = [S * i // splits for i in range(splits + 1)]
     outs, lses = [], []
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-        if stop == start:  # an empty slice has nothing to say; it would merge with weight 0 anyway
+        if stop == start:  # an empty slice has nothing to say; it would merge as the identity anyway
             continue
         s = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, stop - start]
-        m, l, o = online_update(*_empty_state(qg.shape[:-1], d, acc), s, v[:, start:stop].astype(acc, copy=False))
-        seen = l > 0  # rows that see no key of this slice (causal or window) get lse = -inf, weight 0
-        outs.append(np.where(seen, o / np.where(seen, l, 1), 0))  # [Hkv, G*T, d]
-        lses.append(np.where(seen, m + np.log(np.where(seen, l, 1)), -np.inf)[..., 0])  # [Hkv, G*T]
-    return merge_partials(np.stack(outs), np.stack(lses)).reshape(H, T, d).astype(q.dtype, copy=False)
+        out, lse = finish(*online_update(*_empty_state(qg.shape[:-1], d, acc), s,
+                                         v[:, start:stop].astype(acc, copy=False)))
+        outs.append(out)  # [Hkv, G*T, d]; 0 for a row the slice's keys are all hidden from (causal or window)
+        lses.append(lse)  # [Hkv, G*T]; -inf there, so it weighs nothing in the merge
+    out, _ = merge_partials(np.stack(outs), np.stack(lses))
+    return out.reshape(H, T, d).astype(q.dtype, copy=False)
 
 
 def online_update(m, l, o, s, v):
     """One block of keys into the running state: (m, l, o), s [..., R, b], v [..., b, d] -> (m, l, o).
 
     m, l [..., R, 1] and o [..., R, d] as in the module docstring; masked scores are -inf. A row that has still
-    seen no key keeps m = -inf, l = 0, o = 0.
+    seen no key keeps m = -inf, l = 0, o = 0, and a masked key's value never reaches o, even if it is nan or inf.
     """
     m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
     shift = np.where(np.isneginf(m_new), 0, m_new)  # exp(-inf - -inf) would be nan; exp(-inf - 0) is 0
     alpha = np.exp(m - shift)  # rescales what was summed under the old max; 1 when the max did not move
     p = np.exp(s - shift)  # [..., R, b], the only score-sized array
-    return m_new, alpha * l + p.sum(axis=-1, keepdims=True), alpha * o + p @ v
+    if np.isfinite(v).all():
+        pv = p @ v  # [..., R, d]
+    else:  # 0 * inf is nan: leave out every product of a masked key, whatever its value holds
+        pv = np.where(np.isneginf(s)[..., None], 0, p[..., None] * v[..., None, :, :]).sum(axis=-2)
+    return m_new, alpha * l + p.sum(axis=-1, keepdims=True), alpha * o + pv
+
+
+def finish(m, l, o):
+    """The state after the last block -> (out [..., R, d], lse [..., R]): o / l, and the log-sum-exp of every score
+    the row saw, log sum_j exp(s_j) = m + log(l). A row that saw no key gives out 0 and lse -inf."""
+    seen = l > 0  # [..., R, 1]
+    safe = np.where(seen, l, 1)
+    out = np.where(seen, o / safe, 0)
+    lse = np.where(seen, m + np.log(safe), -np.inf)[..., 0]
+    return out.astype(o.dtype, copy=False), lse.astype(m.dtype, copy=False)
 
 
 def merge_partials(outs, lses):
-    """[n, ..., R, d], [n, ..., R] -> [..., R, d]: the softmax over all n slices' keys at once.
+    """[n, ..., R, d], [n, ..., R] -> (out [..., R, d], lse [..., R]): the n slices as if they were one.
 
-    outs[i] is slice i's output, normalised over its own keys; lses[i] the log-sum-exp of its scores (-inf for
-    a slice that saw no key). Slice i holds the share exp(lses[i] - lse) of the total weight, lse = log sum exp
-    over the slices; shifting by the largest lse first keeps every exp at most 1.
+    outs[i] is slice i's output, normalised over its own keys; lses[i] the log-sum-exp of its scores (-inf for a
+    slice that saw no key). Slice i holds the share exp(lses[i] - lse) of the total weight, lse = log sum exp over
+    the slices; shifting by the largest lse first keeps every exp at most 1. The merged (out, lse) is itself a
+    slice: merging it again with others gives what one merge of all of them gives. A row that no slice saw comes
+    out 0 with lse -inf.
     """
-    top = lses.max(axis=0)  # [..., R]; finite because every row sees some key
-    w = np.exp(lses - top)[..., None]  # [n, ..., R, 1]
-    return (w * outs).sum(axis=0) / w.sum(axis=0)
+    top = lses.max(axis=0)  # [..., R]
+    seen = np.isfinite(top)  # -inf: no slice saw a key of this row
+    shift = np.where(seen, top, 0)
+    w = np.exp(lses - shift)[..., None]  # [n, ..., R, 1], each at most 1; 0 for a slice the row did not see
+    total = w.sum(axis=0)  # [..., R, 1], at least 1 where seen
+    out = np.where(seen[..., None], (w * outs).sum(axis=0) / np.where(seen[..., None], total, 1), 0)
+    lse = np.where(seen, shift + np.log(np.where(seen, total[..., 0], 1)), -np.inf)
+    return out.astype(outs.dtype, copy=False), lse.astype(lses.dtype, copy=False)
+
+
+def attention_backward(q, k, v, out, lse, d_out, *, block=128, window=None):
+    """Gradients of online_attention: -> (dq [H, T, d], dk, dv [Hkv, S, d]), from out [H, T, d], lse [H, T] (its
+    return_lse) and d_out [H, T, d], the gradient of the loss with respect to out.
+
+    Nothing [T, S] is stored or built: each block of keys has its weights recomputed as exp(score - lse), then
+        dv += p^T d_out,   dp = d_out v^T,   ds = p * (dp - D),   dq += ds k / sqrt(d),   dk += ds^T q / sqrt(d),
+    where D = rowsum(d_out * out) equals rowsum(p * dp) over all the keys, so no block needs another block's p.
+    float32 in, float32 out (sums in float32 at least, as in the forward pass).
+    """
+    q, k, v, window = _checked(q, k, v, window)
+    block = validate.integer("block", block, minimum=1)
+    H, T, d = q.shape
+    Hkv, S, _ = k.shape
+    G = H // Hkv
+    out, d_out = validate.floats("out", out), validate.floats("d_out", d_out)
+    lse = validate.floats("lse", lse)
+    if out.shape != q.shape or d_out.shape != q.shape or lse.shape != (H, T):
+        raise ValueError(f"need out and d_out like q {q.shape} and lse [H, T] = {(H, T)}; got out {out.shape}, "
+                         f"d_out {d_out.shape}, lse {lse.shape}")
+    qg, acc = _grouped_queries(q, Hkv)  # [Hkv, G*T, d], scaled
+    do = d_out.reshape(Hkv, G * T, d).astype(acc)  # [Hkv, G*T, d]
+    L = lse.reshape(Hkv, G * T, 1).astype(acc)
+    D = (do * out.reshape(Hkv, G * T, d).astype(acc)).sum(axis=-1, keepdims=True)  # [Hkv, G*T, 1]
+    dqg = np.zeros_like(qg)
+    dk, dv = np.zeros((Hkv, S, d), acc), np.zeros((Hkv, S, d), acc)
+    for start in range(0, S if T else 0, block):
+        stop = min(start + block, S)
+        s = _scores(qg, k[:, start:stop], acc, G, T, S, start, window)  # [Hkv, G*T, b], masked -inf
+        p = np.exp(s - L)  # the softmax weights themselves: exp(s - lse) needs no max and no sum
+        kb, vb = k[:, start:stop].astype(acc, copy=False), v[:, start:stop].astype(acc, copy=False)
+        dv[:, start:stop] = p.transpose(0, 2, 1) @ do
+        ds = p * (do @ vb.transpose(0, 2, 1) - D)  # [Hkv, G*T, b]
+        dqg += ds @ kb
+        dk[:, start:stop] = ds.transpose(0, 2, 1) @ qg  # qg already carries 1 / sqrt(d)
+    dq = (dqg * (1 / math.sqrt(d))).reshape(H, T, d)
+    return dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False), dv.astype(v.dtype, copy=False)
 
 
 def _grouped_queries(q, Hkv):

@@ -1,4 +1,5 @@
-"""online_attention and split_kv_attention equal kvlesson.attention, and never hold more than one block of scores.
+"""online_attention and split_kv_attention equal kvlesson.attention, and never hold more than one block of scores;
+finish and merge_partials give every row an answer; attention_backward gives the gradients.
 
 The shapes cover GQA, windows, T = 0, T = S, blocks of 1, blocks longer than S or not dividing it, and more
 splits than keys. The mutants at the end swap in the classic bugs of lesson 10 and watch these comparisons fail.
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import kvlesson.online
 from kvlesson import attention, online_attention, split_kv_attention
-from kvlesson.online import merge_partials, online_update
+from kvlesson.online import attention_backward, finish, merge_partials, online_update
 
 
 @st.composite
@@ -255,7 +256,7 @@ def test_averaging_the_splits_is_caught():
         """Bug: each split's output counts the same, whatever share of the weight its keys hold."""
         return outs.mean(axis=0)
 
-    with mock.patch.object(kvlesson.online, "merge_partials", average):
+    with mock.patch.object(kvlesson.online, "merge_partials", lambda outs, lses: (average(outs, lses), lses.max(0))):
         assert differs(split_kv_attention, splits=5)
 
 
@@ -265,4 +266,192 @@ def test_merging_without_the_max_shift_overflows():
         w = np.exp(lses)[..., None]
         unshifted = (w * outs).sum(0) / w.sum(0)
     assert np.isnan(unshifted).all()
-    np.testing.assert_array_equal(merge_partials(outs, lses), np.ones((1, 3)))
+    out, lse = merge_partials(outs, lses)
+    np.testing.assert_array_equal(out, np.ones((1, 3)))
+    np.testing.assert_allclose(lse, [1000 + np.log1p(np.exp(-1.0))], rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------------ finishing, merging, rows that saw nothing
+
+def visible_scores(q, k, window):
+    """The whole [H, T, S] score array, -inf where masked."""
+    H, T, d = q.shape
+    Hkv, S, _ = k.shape
+    s = np.einsum("htd,hsd->hts", q, k[np.arange(H) // (H // Hkv)]) / np.sqrt(d)  # [H, T, S]
+    return np.where(kvlesson.causal_mask(T, S, window), s, -np.inf)
+
+
+def lse_of_scores(q, k, window):
+    """The log-sum-exp of each query row's visible scores: [H, T]."""
+    s = visible_scores(q, k, window)
+    top = s.max(axis=-1, keepdims=True)
+    return top[..., 0] + np.log(np.exp(s - top).sum(axis=-1))
+
+
+@given(shapes(), st.data())
+def test_return_lse_is_the_log_sum_exp_of_the_visible_scores(c, data):
+    block = data.draw(blocks(c["S"]))
+    q, k, v = qkv(c)
+    out, lse = online_attention(q, k, v, block=block, window=c["window"], return_lse=True)
+    assert lse.shape == (c["H"], c["T"]) and lse.dtype == np.float64
+    np.testing.assert_allclose(out, attention(q, k, v, window=c["window"]), rtol=0, atol=1e-12)
+    if c["T"]:
+        np.testing.assert_allclose(lse, lse_of_scores(q, k, c["window"]), rtol=0, atol=1e-12)
+
+
+def test_finish_gives_a_row_that_saw_nothing_zero_and_minus_inf():
+    m, l, o = np.array([[-np.inf], [2.0]]), np.array([[0.0], [4.0]]), np.array([[0.0, 0.0], [2.0, 6.0]])
+    with np.errstate(all="raise"):  # no 0/0 and no log(0) on the way
+        out, lse = finish(m, l, o)
+    np.testing.assert_array_equal(out, [[0.0, 0.0], [0.5, 1.5]])
+    np.testing.assert_array_equal(lse, [-np.inf, 2.0 + np.log(4.0)])
+    out32, lse32 = finish(*(a.astype(np.float32) for a in (m, l, o)))
+    assert out32.dtype == lse32.dtype == np.float32
+
+
+def slices(c, bounds):
+    """Each slice of the keys finished on its own -> (outs [n, Hkv, G*T, d], lses [n, Hkv, G*T]), and the whole."""
+    q, k, v = qkv(c)
+    qg, acc = kvlesson.online._grouped_queries(q, c["Hkv"])
+    G, T, S = c["H"] // c["Hkv"], c["T"], c["S"]
+    parts = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if a == b:  # an empty slice: the merge's identity
+            parts.append((np.zeros((c["Hkv"], G * T, c["d"])), np.full((c["Hkv"], G * T), -np.inf)))
+            continue
+        s = kvlesson.online._scores(qg, k[:, a:b], acc, G, T, S, a, c["window"])
+        parts.append(finish(*online_update(*kvlesson.online._empty_state(qg.shape[:-1], c["d"], acc), s,
+                                           v[:, a:b])))
+    whole = attention(q, k, v, window=c["window"]).reshape(c["Hkv"], G * T, c["d"])
+    return [o for o, _ in parts], [lse for _, lse in parts], whole
+
+
+def tree(outs, lses, draw):
+    """Merge the slices pairwise in a random tree (any neighbouring pair first), as a GPU reduction might."""
+    items = list(zip(outs, lses, strict=True))
+    while len(items) > 1:
+        i = draw(st.integers(0, len(items) - 2))
+        (o1, l1), (o2, l2) = items[i], items[i + 1]
+        items[i : i + 2] = [merge_partials(np.stack([o1, o2]), np.stack([l1, l2]))]
+    return items[0]
+
+
+@given(shapes().filter(lambda c: c["T"] > 0), st.data())
+def test_any_tree_of_pairwise_merges_equals_one_merge_and_attention(c, data):
+    """Windows leave some rows with no key in one slice, or in several slices in a row: those slices are (0, -inf),
+    the merge's identity, wherever the tree meets them."""
+    cuts = sorted(data.draw(st.lists(st.integers(0, c["S"]), min_size=1, max_size=6)))
+    outs, lses, whole = slices(c, [0, *cuts, c["S"]])
+    with np.errstate(all="raise"):
+        out, lse = tree(outs, lses, data.draw)
+        once, lse_once = merge_partials(np.stack(outs), np.stack(lses))
+    np.testing.assert_allclose(out, whole, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(once, whole, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, lse_once, rtol=0, atol=1e-12)
+
+
+def test_a_row_that_no_slice_saw_merges_to_zero_and_minus_inf():
+    outs = np.zeros((3, 2, 4))
+    outs[:, 1] = np.arange(12.0).reshape(3, 4)
+    lses = np.array([[-np.inf, 0.0], [-np.inf, 1.0], [-np.inf, -2.0]])  # row 0 saw nothing in any of 3 slices
+    with np.errstate(all="raise"):
+        out, lse = merge_partials(outs, lses)
+    np.testing.assert_array_equal(out[0], np.zeros(4))
+    assert lse[0] == -np.inf and np.isfinite(out).all()
+    np.testing.assert_allclose(lse[1], np.log(np.exp(lses[:, 1]).sum()), rtol=0, atol=1e-12)
+    assert merge_partials(outs.astype(np.float32), lses.astype(np.float32))[0].dtype == np.float32
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("fn, kw", [(online_attention, dict(block=4)), (split_kv_attention, dict(splits=3))])
+def test_a_masked_key_whose_value_is_not_finite_reaches_no_output(fn, kw, poison):
+    """Bug caught: p @ v multiplies a masked key's weight 0 by its value, and 0 * inf is nan. Key 5's value is
+    poisoned; a window of 3 hides it from every query past position 7, and the causal mask from those before 5,
+    yet each block of keys that holds it also serves queries that see it."""
+    c = dict(H=2, Hkv=1, T=8, S=12, d=4, seed=9)
+    q, k, v = qkv(c)
+    bad_k, bad_v = k.copy(), v.copy()
+    bad_v[:, 5], bad_k[:, 5] = poison, poison
+    want = attention(q, k, v, window=3)
+    with np.errstate(invalid="ignore", over="ignore"):
+        got = fn(q, bad_k, bad_v, window=3, **kw)
+    sees = [i for i in range(8) if 12 - 8 + i - 3 < 5 <= 12 - 8 + i]  # the queries whose window holds key 5
+    hidden = [i for i in range(8) if i not in sees]
+    assert sees and hidden
+    np.testing.assert_allclose(got[:, hidden], want[:, hidden], rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------- the backward pass
+
+def loss_and_grads(c, block):
+    q, k, v = qkv(c)
+    w = np.random.default_rng(c["seed"] + 1).standard_normal(q.shape)  # loss = sum(w * out): d_out = w
+
+    def loss(q, k, v):
+        return float((w * attention(q, k, v, window=c["window"])).sum())
+
+    out, lse = online_attention(q, k, v, block=block, window=c["window"], return_lse=True)
+    return (q, k, v), loss, attention_backward(q, k, v, out, lse, w, block=block, window=c["window"])
+
+
+def numeric_grad(loss, arrays, i, eps=1e-6):
+    """Central differences of loss with respect to arrays[i], one entry at a time."""
+    g = np.zeros_like(arrays[i])
+    for idx in np.ndindex(g.shape):
+        up, down = [a.copy() for a in arrays], [a.copy() for a in arrays]
+        up[i][idx] += eps
+        down[i][idx] -= eps
+        g[idx] = (loss(*up) - loss(*down)) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("c, block", [
+    (dict(H=4, Hkv=2, T=3, S=7, d=4, window=None, seed=1), 3),
+    (dict(H=2, Hkv=2, T=5, S=5, d=2, window=2, seed=2), 2),
+    (dict(H=3, Hkv=1, T=1, S=6, d=3, window=None, seed=3), 10),
+])
+def test_the_backward_pass_equals_finite_differences(c, block):
+    arrays, loss, grads = loss_and_grads(c, block)
+    for i, g in enumerate(grads):
+        assert g.shape == arrays[i].shape
+        np.testing.assert_allclose(g, numeric_grad(loss, arrays, i), rtol=0, atol=1e-7)
+
+
+@given(shapes(), st.data())
+def test_the_backward_pass_does_not_depend_on_the_block(c, data):
+    """Each block recomputes its own weights from the lse; none needs another block's."""
+    _, _, one = loss_and_grads(c, max(c["S"], 1))
+    _, _, many = loss_and_grads(c, data.draw(blocks(c["S"])))
+    for a, b in zip(one, many, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_the_backward_pass_keeps_float32():
+    c = dict(H=2, Hkv=1, T=4, S=6, d=4, window=None, seed=4)
+    q, k, v = qkv(c, np.float32)
+    out, lse = online_attention(q, k, v, return_lse=True)
+    assert lse.dtype == np.float32
+    grads = attention_backward(q, k, v, out, lse, np.ones_like(out))
+    assert all(g.dtype == np.float32 for g in grads)
+
+
+def test_the_backward_pass_needs_the_lse_not_the_max():
+    """The failure the lse avoids: weights recomputed as exp(score - m) alone are l times too large."""
+    c = dict(H=1, Hkv=1, T=3, S=5, d=4, window=None, seed=5)
+    q, k, v = qkv(c)
+    out, lse = online_attention(q, k, v, return_lse=True)
+    right = attention_backward(q, k, v, out, lse, np.ones_like(out))
+    m = visible_scores(q, k, None).max(axis=-1)  # [H, T]: the running max at the end, without log(l)
+    wrong = attention_backward(q, k, v, out, m, np.ones_like(out))
+    assert not np.allclose(wrong[2], right[2], rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("name, shape", [("out", (2, 4, 3)), ("lse", (2, 4, 1)), ("d_out", (1, 4, 4))])
+def test_the_backward_pass_checks_its_shapes(name, shape):
+    c = dict(H=2, Hkv=1, T=4, S=6, d=4, window=None, seed=6)
+    q, k, v = qkv(c)
+    out, lse = online_attention(q, k, v, return_lse=True)
+    args = dict(out=out, lse=lse, d_out=np.ones_like(out))
+    args[name] = np.zeros(shape)
+    with pytest.raises(ValueError, match=r"need out and d_out like q"):
+        attention_backward(q, k, v, args["out"], args["lse"], args["d_out"])
