@@ -327,7 +327,7 @@ class ScaledRounding(StaticKVCache):
         top = float(ml_dtypes.finfo(self.like.store).max)
 
         def rounded(x, scale):
-            s = scale.astype(np.float64)[:, None, None]
+            s = scale.astype(np.float64).reshape(-1, 1, 1)
             return (np.clip(x / s, -top, top).astype(self.like.store).astype(np.float64) * s).astype(x.dtype)
 
         return super().append(rounded(k_new, self.like.k_scale), rounded(v_new, self.like.v_scale))
@@ -383,8 +383,9 @@ def test_an_fp8_cache_stores_one_byte_a_number_and_counts_its_scales():
     per_head = LowPrecisionKVCache(3, 4, 10, e4m3, k_scale=[0.5, 1, 2], v_scale=[1, 1, 1])
     no_scale = LowPrecisionKVCache(3, 4, 10, e4m3)
     assert no_scale.nbytes == 2 * 3 * 10 * 4  # K and V, [Hkv, capacity, d], one byte each
-    assert per_tensor.nbytes == no_scale.nbytes + 2 * 3 * 4  # a float32 scale for each KV head of K and of V
-    assert per_head.nbytes == per_tensor.nbytes and per_head.k_scale.dtype == np.float32
+    assert per_tensor.nbytes == no_scale.nbytes + 2 * 4  # one float32 scale for K, one for V
+    assert per_head.nbytes == no_scale.nbytes + 2 * 3 * 4  # one for each KV head, of K and of V
+    assert per_head.k_scale.dtype == per_tensor.k_scale.dtype == np.float32
     x = np.full((3, 2, 4), 3.0, np.float32)
     K, V = per_head.append(x, -x)
     assert K.dtype == V.dtype == np.float32 and np.array_equal(K, x) and np.array_equal(V, -x)  # 3 / s is exact

@@ -183,7 +183,7 @@ class LowPrecisionKVCache(Cache):
     def _encode(self, name, x, scale):
         """[Hkv, T, d] -> the numbers divided by the scale, in `store`; refused (or clipped) past its largest value."""
         top = float(ml_dtypes.finfo(self.store).max)
-        scaled = x if scale is None else x / scale.astype(x.dtype)[:, None, None]
+        scaled = x if scale is None else x / scale.astype(x.dtype).reshape(-1, 1, 1)
         if self.saturate:
             scaled = np.clip(scaled, -top, top)  # nan stays nan
         with np.errstate(over="ignore"):  # an overflow is reported below, as a refusal
@@ -197,7 +197,7 @@ class LowPrecisionKVCache(Cache):
 
     def _decode(self, low, scale):
         out = low.astype(self.dtype)
-        return out if scale is None else out * scale.astype(self.dtype)[:, None, None]
+        return out if scale is None else out * scale.astype(self.dtype).reshape(-1, 1, 1)
 
     def truncate(self, n):
         self._seen = self._check_truncate(n)  # the positions past n are overwritten by the next append
@@ -222,7 +222,7 @@ def scale_for(x, store, per="tensor"):
 
 
 def _scale(name, scale, Hkv):
-    """None, a positive number, or one per KV head -> None or float32 [Hkv]."""
+    """None, a positive number, or one per KV head -> None, or float32 [] or [Hkv]."""
     if scale is None:
         return None
     if isinstance(scale, (bool, np.bool_, str, bytes)):
@@ -235,7 +235,7 @@ def _scale(name, scale, Hkv):
         raise ValueError(f"{name} must be one number (per tensor) or {Hkv} (one per KV head); got shape {s.shape}")
     if not (np.isfinite(s).all() and (s > 0).all()):
         raise ValueError(f"{name} must be finite and above 0; got {name}={scale!r}")
-    return np.broadcast_to(s, (Hkv,)).astype(np.float32)
+    return s.astype(np.float32)  # [] per tensor (4 bytes), [Hkv] per head
 
 
 def _float_format(name, dtype):
