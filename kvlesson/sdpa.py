@@ -33,6 +33,10 @@ def attention(q, k, v, *, window=None, mask=None):
     Query head h reads KV head h // G. Rather than copying every KV head G times
     (np.repeat(k, G, axis=0)), the G query heads of a group are stacked into one
     matrix of G*T rows, so a single batched matmul per KV head does the work.
+
+    Scores and sums are kept in float32 at least (float16's largest value, 65,504, is one score of a long
+    context). A key or value a query cannot see never reaches its output, even if it is inf or NaN; a query
+    that sees one gets what IEEE arithmetic gives it. Finite inputs whose scores overflow are a ValueError.
     """
     q, k, v, window = _checked(q, k, v, window)
     H, T, d = q.shape
@@ -40,22 +44,44 @@ def attention(q, k, v, *, window=None, mask=None):
     G = H // Hkv
     if mask is not None:
         mask = _checked_mask(mask, T, S, window)
+    elif T > 1 or window is not None:  # one query at S - 1 sees every key anyway
+        mask = causal_mask(T, S, window)
     if T == 0:
         return np.zeros_like(q)
-    qg = q.reshape(Hkv, G * T, d)  # heads h = g*G .. g*G+G-1 share KV head g
-    s = qg @ k.transpose(0, 2, 1)  # [Hkv, G*T, S]
-    s *= 1 / math.sqrt(d)  # a Python float is weak under NumPy 2: float32 stays float32
-    s = s.reshape(Hkv, G, T, S)
-    if mask is not None:
-        s = np.where(mask, s, -np.inf)
-    elif T > 1 or window is not None:  # one query at S - 1 sees every key anyway
-        s = np.where(causal_mask(T, S, window), s, -np.inf)
-    # subtract the row max so exp never overflows; every row keeps its own key, so the max is finite
-    s -= s.max(axis=-1, keepdims=True)
-    p = np.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)
-    out = p.reshape(Hkv, G * T, S) @ v  # [Hkv, G*T, d]
-    return out.reshape(H, T, d)
+    acc = np.result_type(q.dtype, np.float32)  # float16 in, float32 sums
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf or NaN key stays in the rows that see it (below)
+        qg = q.reshape(Hkv, G * T, d).astype(acc, copy=False)  # heads h = g*G .. g*G+G-1 share KV head g
+        s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, S]
+        s *= 1 / math.sqrt(d)  # a Python float is weak under NumPy 2: float32 stays float32
+        s = s.reshape(Hkv, G, T, S)
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        # subtract the row max so exp never overflows; every row keeps its own key, so the max is finite
+        top = s.max(axis=-1, keepdims=True)
+        if np.isposinf(top).any() and np.isfinite(q).all() and np.isfinite(k).all():
+            raise ValueError(f"attention scores overflow {acc}: some q . k / sqrt(d) is beyond "
+                             f"{np.finfo(acc).max:.3g} (inputs this large are out of range; normalise them)")
+        s -= top
+        p = np.exp(s, out=s).reshape(Hkv, G * T, S)
+        p /= p.sum(axis=-1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = _weighted_values(p, v.astype(acc, copy=False), mask)  # [Hkv, G*T, d]
+    return out.reshape(H, T, d).astype(q.dtype, copy=False)
+
+
+def _weighted_values(p, v, mask):
+    """p [Hkv, G*T, S] @ v [Hkv, S, d], except that a value a query cannot see never touches its output: its weight
+    is 0, but 0 * inf is NaN. Queries that do see an inf or NaN value get what IEEE arithmetic gives them."""
+    if mask is None:
+        return p @ v
+    bad = ~np.isfinite(v).all(axis=(0, 2))  # [S] keys whose value holds an inf or a NaN
+    if not bad.any():
+        return p @ v
+    out = p @ np.where(bad[None, :, None], 0, v)
+    T = mask.shape[0]
+    sees = np.tile(mask[:, bad].any(axis=1), p.shape[1] // T)  # [G*T]: rows g*T + i belong to query i
+    out[:, sees] = p[:, sees] @ v
+    return out
 
 
 def _checked(q, k, v, window):

@@ -6,7 +6,7 @@ from kvlesson.sdpa import causal_mask
 from kvlesson.serving.padding import pad_mask
 from kvlesson.serving.paged import PagedKVCache
 from kvlesson.teaching.checks import check_copy_on_write, check_pad_mask, check_read_pages
-from tests.test_many_mutants import reserve_without_copy
+from tests.helpers import reserve_without_copy
 
 
 def todo(*args, **kwargs):

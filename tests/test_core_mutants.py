@@ -12,7 +12,7 @@ import kvlesson.layer
 import kvlesson.sdpa
 from kvlesson import KVCache, WindowKVCache, apply_rope
 from kvlesson.cache import Cache
-from tests.test_core_properties import reference, run_chunks
+from tests.helpers import reference, run_chunks
 
 CASE = dict(H=4, Hkv=2, d=4, D=8, N=9, chunks=[4, 3, 1, 1], window=None, rope_base=None, interleaved=False, seed=7)
 
