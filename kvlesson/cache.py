@@ -14,6 +14,8 @@ without it has, so that nothing has to be probed for:
     nbytes                           bytes it holds
     window                           W when its keys are a sliding window (None: a query sees every earlier key)
     capacity                         positions it can hold (None: it grows)
+    positions(T)                     the absolute positions of the next T tokens, what RoPE turns them by
+                                     (len(cache) .. len(cache) + T - 1; a tree of drafts puts node i at its depth)
     mask(T)                          None when the T newest queries see their keys by the offset causal mask (with the
                                      window), else bool [T, S] over the keys the append of those T tokens handed back;
                                      it answers for the cache as it stands, so it depends on len(cache), not on calls
@@ -51,6 +53,10 @@ class Cache:
     @property
     def nbytes(self):
         raise NotImplementedError
+
+    def positions(self, T):
+        """-> int [T]: the absolute positions the next T tokens sit at, one after another from len(self)."""
+        return np.arange(len(self), len(self) + T)
 
     def mask(self, T):
         """None: the T newest queries see the keys handed back by the offset causal mask (and the window)."""

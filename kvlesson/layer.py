@@ -44,12 +44,14 @@ def project(x, Wq, Wk, Wv, H, Hkv):
 def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
     """[H, T, d] new queries, [Hkv, T, d] new keys and values -> [T, H*d]: the second half of step.
 
-    Rotates q and k at their absolute positions len(cache) + i, appends k and v to the cache, and attends the new
-    queries over everything the cache hands back, under the cache's own mask when it has one.
+    Rotates q and k at their absolute positions len(cache) + i (or where the cache says they sit), appends k and v
+    to the cache, and attends the new queries over everything the cache hands back, under the cache's own mask when
+    it has one.
     """
     H, T, d = q.shape
     if rope_base is not None:
-        positions = np.arange(len(cache), len(cache) + T)  # absolute: S - T + i after the append
+        own = isinstance(cache, Cache)
+        positions = cache.positions(T) if own else np.arange(len(cache), len(cache) + T)  # S - T + i, absolute
         q = apply_rope(q, positions, rope_base, interleaved=interleaved)
         k = apply_rope(k, positions, rope_base, interleaved=interleaved)
     K, V = cache.append(k, v)  # [Hkv, S, d]

@@ -23,6 +23,42 @@ def causal_mask(T, S, window=None):
     return mask
 
 
+def tree_mask(parents, S):
+    """parents: T ints, parents[i] < i or -1 (a child of the last cached token) -> bool [T, S + T].
+
+    Node i of a tree of T new tokens (speculative decoding's drafts, lesson 14) sees every one of the S cached keys
+    and, among the new ones, itself and its ancestors: a branch never sees its siblings. It sits at position
+    S + depth(i) (`tree_depths`), not S + i. A chain, parents = [-1, 0, 1, ...], gives lesson 04's offset mask.
+    """
+    S = validate.integer("S", S)
+    parents = _parents(parents)
+    T = len(parents)
+    ancestors = np.eye(T, dtype=bool)  # [T, T]: row i, the nodes on the path from the root to i
+    for i, p in enumerate(parents):
+        if p >= 0:
+            ancestors[i] |= ancestors[p]  # p < i, so its row is complete
+    return np.concatenate([np.ones((T, S), bool), ancestors], axis=1)
+
+
+def tree_depths(parents):
+    """-> int [T]: each node's depth, 0 for a child of the last cached token; node i sits at position S + depth."""
+    parents = _parents(parents)
+    depth = np.zeros(len(parents), dtype=np.intp)
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    return depth
+
+
+def _parents(parents):
+    if isinstance(parents, (str, bytes)) or not hasattr(parents, "__len__"):
+        raise TypeError(f"parents must be a list of T integers; got {type(parents).__name__}")
+    parents = [validate.integer(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents)]
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ValueError(f"parents[{i}]={p}: a node's parent must come before it (-1 for the last cached token)")
+    return parents
+
+
 def attention(q, k, v, *, window=None, mask=None):
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], in the dtype of q.
 

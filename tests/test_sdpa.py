@@ -37,3 +37,52 @@ def test_scores_beyond_float32_are_refused_by_name():
     q = np.full((1, 1, 4), 1e20, np.float32)
     with pytest.raises(ValueError, match="attention scores overflow float32"):
         attention(q, q, q)
+
+
+def loop_tree_mask(parents, S):
+    """Node i sees cached key j always, and new node m when m is i or an ancestor of i: walk up from i."""
+    T = len(parents)
+    mask = np.zeros((T, S + T), bool)
+    mask[:, :S] = True
+    for i in range(T):
+        m = i
+        while m >= 0:
+            mask[i, S + m] = True
+            m = parents[m]
+    return mask
+
+
+@st.composite
+def trees(draw):
+    T = draw(st.integers(0, 9))
+    return [draw(st.integers(-1, i - 1)) for i in range(T)]
+
+
+@given(trees(), st.integers(0, 5))
+def test_the_tree_mask_is_each_node_and_its_ancestors(parents, S):
+    from kvlesson import tree_mask
+    from kvlesson.sdpa import tree_depths
+
+    np.testing.assert_array_equal(tree_mask(parents, S), loop_tree_mask(parents, S))
+    depth = tree_depths(parents)
+    assert all(depth[i] == (0 if p < 0 else depth[p] + 1) for i, p in enumerate(parents))
+
+
+def test_a_chain_is_the_offset_mask_and_siblings_never_meet():
+    from kvlesson import tree_mask
+
+    np.testing.assert_array_equal(tree_mask([-1, 0, 1, 2], 3), causal_mask(4, 7))
+    two_branches = tree_mask([-1, 0, 0], 2)  # node 0, then siblings 1 and 2 under it
+    assert two_branches[1, 2 + 2] == two_branches[2, 2 + 1] == False  # noqa: E712
+
+
+@pytest.mark.parametrize("parents, error, words", [
+    ([0], ValueError, r"parents\[0\]=0: a node's parent must come before it"),
+    ([-1, 2, 0], ValueError, r"parents\[1\]=2"), ([-2], ValueError, "at least -1"),
+    ([-1, 0.0], TypeError, r"parents\[1\] must be an integer"), ("ab", TypeError, "a list of T integers"),
+])
+def test_bad_trees_are_refused_by_name(parents, error, words):
+    from kvlesson import tree_mask
+
+    with pytest.raises(error, match=words):
+        tree_mask(parents, 3)
