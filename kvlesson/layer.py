@@ -9,7 +9,7 @@ import numpy as np
 
 from kvlesson import validate
 from kvlesson.cache import Cache, rules
-from kvlesson.rope import apply_rope
+from kvlesson.rope import rotate, rotation
 from kvlesson.sdpa import attention
 
 
@@ -52,12 +52,18 @@ def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
     if rope_base is not None:
         own = isinstance(cache, Cache)
         positions = cache.positions(T) if own else np.arange(len(cache), len(cache) + T)  # S - T + i, absolute
-        q = apply_rope(q, positions, rope_base, interleaved=interleaved)
-        k = apply_rope(k, positions, rope_base, interleaved=interleaved)
+        q, k = turn(q, k, positions, rope_base, interleaved)
     K, V = cache.append(k, v)  # [Hkv, S, d]
     mask = cache.mask(T) if isinstance(cache, Cache) else None  # a cache's own rule includes any window it has
     out = attention(q, K, V, window=window if mask is None else None, mask=mask)
     return out.transpose(1, 0, 2).reshape(T, H * d)  # [T, H*d]
+
+
+def turn(q, k, positions, rope_base, interleaved):
+    """q [H, T, d] and k [Hkv, T, d] rotated at the same positions, in one pass over both (kvlesson.rope)."""
+    H = q.shape[0]
+    qk = rotate(np.concatenate([q, k]), *rotation(positions, q.shape[-1], rope_base, q.dtype), interleaved)
+    return qk[:H], qk[H:]
 
 
 def _check(x, Wq, Wk, Wv, cache, H, Hkv):
