@@ -6,14 +6,16 @@ each a function of its own so that the model's forward pass (kvlesson.model) can
     attend(q, k, v, cache, ...) -> [T, H*d]        rotate at absolute positions, append to the cache, attend
 """
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import validate
-from kvlesson.cache import Cache, rules
+from kvlesson.cache import Cache, CacheLike, rules
 from kvlesson.rope import rotate, rotation
 from kvlesson.sdpa import attention
 
 
-def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleaved=False):
+def step(x: ArrayLike, Wq: ArrayLike, Wk: ArrayLike, Wv: ArrayLike, cache: CacheLike, H: int, Hkv: int, *,
+         window: int | None = None, rope_base: float | None = None, interleaved: bool = False) -> np.ndarray:
     """[T, D] new tokens -> [T, H*d]. Works for prefill, chunked prefill and decode alike.
 
     Wq [D, H*d], Wk and Wv [D, Hkv*d]. With rope_base, q and k are rotated at their absolute positions
@@ -31,7 +33,8 @@ def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleav
     return attend(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
 
 
-def project(x, Wq, Wk, Wv, H, Hkv):
+def project(x: np.ndarray, Wq: np.ndarray, Wk: np.ndarray, Wv: np.ndarray, H: int, Hkv: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[T, D] -> q [H, T, d], k and v [Hkv, T, d]: only the new tokens are projected."""
     T = x.shape[0]
     d = Wq.shape[1] // H
@@ -41,7 +44,8 @@ def project(x, Wq, Wk, Wv, H, Hkv):
     return q, k, v
 
 
-def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: CacheLike, *, window: int | None = None,
+           rope_base: float | None = None, interleaved: bool = False) -> np.ndarray:
     """[H, T, d] new queries, [Hkv, T, d] new keys and values -> [T, H*d]: the second half of step.
 
     Rotates q and k at their absolute positions len(cache) + i (or where the cache says they sit), appends k and v

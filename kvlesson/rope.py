@@ -9,11 +9,12 @@ import functools
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import validate
 
 
-def inv_freq(d, base=10000.0, scaling=None):
+def inv_freq(d: int, base: float = 10000.0, scaling: dict | None = None) -> np.ndarray:
     """-> float64 [d/2]: the frequency ladder, base**(-2m/d) radians per position for pair m.
 
     scaling: None, or the `rope_scaling` dict of a model's config.json, which stretches the ladder for a longer
@@ -146,7 +147,7 @@ def _positions(positions):
     return p
 
 
-def apply_rope(x, positions, base=10000.0, *, interleaved=False):
+def apply_rope(x: ArrayLike, positions: ArrayLike, base: float = 10000.0, *, interleaved: bool = False) -> np.ndarray:
     """[..., T, d], [T] absolute positions -> [..., T, d], in the dtype of x.
 
     The angles are computed in float64 (positions reach the thousands, where float32 loses
