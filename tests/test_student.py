@@ -8,7 +8,15 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from kvlesson.teaching.checks import check_softmax
-from kvlesson.teaching.student import BEGIN, END, main, strip_solutions, student_notebook, write_student_copies
+from kvlesson.teaching.student import (
+    ANSWER_STUB,
+    BEGIN,
+    END,
+    main,
+    strip_solutions,
+    student_notebook,
+    write_student_copies,
+)
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -87,9 +95,53 @@ def test_exercise_and_checker_outputs_are_cleared_the_rest_kept():
     assert "SOLUTION" in nb.cells[2].source and nb.cells[3].outputs, "the input notebook must not change"
 
 
-def test_a_plain_cell_after_an_exercise_keeps_its_output():
-    nb = lesson(("code", EXERCISE, None), ("code", "print(softmax)", "<function>\n"))
+def test_a_cell_that_reads_no_exercise_keeps_its_output():
+    nb = lesson(("code", EXERCISE, None), ("code", "print(np.ones(2))", "[1. 1.]\n"))
     assert student_notebook(nb)[0].cells[1].outputs == nb.cells[1].outputs
+
+
+# ---- no output that depends on an exercise survives (issue 18: lesson 12's copy kept its price sheet and
+# "14 of 14 solved", lesson 11's a cell that spelled out all three answers)
+
+def kept(*sources):
+    """Which code cells of a lesson keep their outputs in the student copy: a cell per source, each printing."""
+    nb = lesson(*[("code", src, f"out {n}\n") for n, src in enumerate(sources)])
+    return [bool(cell.outputs) for cell in student_notebook(nb)[0].cells]
+
+
+SHEET = "sheet = Sheet()"
+EXERCISE_F = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION"
+
+
+@pytest.mark.parametrize("sources, want", [
+    # a name the exercise defines, then what is computed from it, then what that feeds
+    ((SHEET, EXERCISE_F, "y = f(2)", "z = [y, 1]", "print(z)", "print(3)"), [True, False, False, False, False, True]),
+    # a method call or an item assignment changes the object it starts from: the sheet now holds a verdict
+    ((SHEET, EXERCISE_F, "sheet.check('f', f)", "print(sheet.report())"), [True, False, False, False]),
+    ((SHEET, EXERCISE_F, "table = {}", "table['f'] = f(1)", "print(table)"), [True, False, True, False, False]),
+    # ... but a module is not state a cell changes: np.concatenate(f(...)) leaves np clean
+    (("import numpy as np", EXERCISE_F, "a = np.concatenate([f(np.ones(2))])", "print(np.zeros(1))"),
+     [True, False, False, True]),
+    # a name bound afresh from clean values is clean again; a conditional rebinding is not trusted
+    ((EXERCISE_F, "y = f(1)", "y = 5", "print(y)"), [False, False, True, True]),
+    ((EXERCISE_F, "y = f(1)", "if True:\n    y = 5", "print(y)"), [False, False, True, False]),
+    # a function defined later that calls the exercise, and what calls that
+    ((EXERCISE_F, "def g():\n    return f(1)", "print(g())"), [False, False, False]),
+    # magics: a cell magic's body and a line magic's text are read for names
+    ((EXERCISE_F, "%%time\nprint(f(1))", "%timeit f(2)", "%time print(1)"), [False, False, False, True]),
+    # not Python: cleared once anything depends on an exercise
+    (("x = (", EXERCISE_F, "y = (", "print(1)"), [True, False, False, True]),
+])
+def test_every_output_that_depends_on_an_exercise_is_cleared(sources, want):
+    assert kept(*sources) == want
+
+
+def test_a_markdown_cell_tagged_answer_is_replaced_and_others_kept():
+    nb = lesson(("md", "## 2. Price it", None), ("md", "Suspect C was the newest-first cache.", None))
+    nb.cells[1].metadata["tags"] = ["answer"]
+    out = student_notebook(nb)[0]
+    assert out.cells[0].source == "## 2. Price it" and "newest-first" not in out.cells[1].source
+    assert out.cells[1].source == ANSWER_STUB and "newest-first" in nb.cells[1].source
 
 
 def test_copies_are_written_and_solutions_stay_put(tmp_path):
@@ -227,3 +279,55 @@ def test_the_stripping_is_nbgraders_own():
                    begin_solution_delimeter=BEGIN, end_solution_delimeter=END).preprocess_cell(
         cell, {"language": "python"}, 0)
     assert strip_solutions(EXERCISE) == (cell.source, 1)
+
+
+def test_force_over_a_folder_in_the_way_writes_nothing(tmp_path, capsys):
+    """Issue 19: with --force, a folder where the second copy must go stopped the run after the first copy had
+    been replaced. Now every destination is checked first."""
+    src, dest = tmp_path / "notebooks", tmp_path / "student"
+    _one_lesson(src)
+    nbformat.write(lesson(("code", "print(2)", "2\n")), src / "02_b.ipynb")
+    assert main([str(src), str(dest)]) == 0
+    edited = nbformat.read(dest / "01_a.ipynb", as_version=4)
+    edited.cells[0].source = "my own work"
+    nbformat.write(edited, dest / "01_a.ipynb")
+    (dest / "02_b.ipynb").unlink()
+    (dest / "02_b.ipynb").mkdir()  # a folder in the way
+    capsys.readouterr()
+    assert main([str(src), str(dest), "--force"]) == 1
+    assert "02_b.ipynb is in the way" in capsys.readouterr().err
+    assert nbformat.read(dest / "01_a.ipynb", as_version=4).cells[0].source == "my own work"
+    assert sorted(p.name for p in dest.iterdir()) == ["01_a.ipynb", "02_b.ipynb"]  # no temporary file left
+
+
+def test_a_write_that_fails_midway_leaves_the_old_copies(tmp_path, monkeypatch):
+    src, dest = tmp_path / "notebooks", tmp_path / "student"
+    _one_lesson(src)
+    nbformat.write(lesson(("code", "print(2)", "2\n")), src / "02_b.ipynb")
+    write_student_copies(src, dest)
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    real, calls = nbformat.write, []
+
+    def fails_on_the_second(nb, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(path))
+        return real(nb, path, *args, **kwargs)
+
+    monkeypatch.setattr(nbformat, "write", fails_on_the_second)
+    with pytest.raises(OSError):
+        write_student_copies(src, dest, force=True)
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
+
+
+def test_a_failed_first_write_leaves_no_new_folder(tmp_path, monkeypatch):
+    src, dest = tmp_path / "notebooks", tmp_path / "fresh"
+    _one_lesson(src)
+
+    def fails(*args, **kwargs):
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(nbformat, "write", fails)
+    with pytest.raises(OSError):
+        write_student_copies(src, dest)
+    assert not dest.exists()
