@@ -36,6 +36,41 @@ def test_each_config_names_its_source_and_agrees_with_the_package_table(name):
                                                                         m.window_layers)
 
 
+@pytest.mark.parametrize("name", list(pricing.HELD_OUT))
+def test_each_held_out_config_names_its_source_and_counts_its_parameters(name):
+    assert pricing.SOURCES[name].startswith("https://huggingface.co/") and pricing.SOURCES[name].endswith("config.json")
+    assert name not in pricing.CONFIGS  # the lesson never prints it
+    p = pricing.params(name)
+    assert p.active > 0 and p.experts >= 0 and pricing.kv_bytes_per_token(pricing.config(name)) > 0
+
+
+def test_the_held_out_configs_hold_the_traps_the_five_do_not():
+    """A head dim of 64 with no head_dim field (a hard-coded 128 passes all five shown), a sliding_window that
+    use_sliding_window switches off (ignoring the flag passes all five), and a second mixture of experts."""
+    qwen = pricing.config("Qwen2.5-0.5B")
+    assert "head_dim" not in qwen and pricing.spec(qwen).d == 64
+    assert all((c.get("head_dim") or 128) == pricing.spec(c).d for c in pricing.CONFIGS.values())
+    assert qwen["sliding_window"] == 32768 and qwen["use_sliding_window"] is False
+    assert pricing.kv_bytes_at(qwen, 65536) == 2 * pricing.kv_bytes_at(qwen, 32768)  # no layer stops growing
+    assert pricing.params("Qwen2.5-0.5B").active == 494_032_768  # the model card's 0.49B
+    mixtral = pricing.spec(pricing.config("Mixtral 8x7B v0.1"), params=pricing.params("Mixtral 8x7B v0.1"))
+    assert (mixtral.experts, mixtral.experts_per_token, mixtral.expert_params) == (8, 2, 45_097_156_608)
+
+
+def test_a_mixture_of_experts_needs_its_experts_counted():
+    g = pricing.config("gpt-oss-120b")
+    with pytest.raises(ValueError, match="needs Params"):
+        pricing.spec(g, params=5.1e9)
+    with pytest.raises(ValueError, match="no num_local_experts"):
+        pricing.spec(pricing.config("Llama 3.1 8B"), params=pricing.Params(8e9, 1e9))
+    with pytest.raises(ValueError, match="params.active"):
+        pricing.spec(g, params=pricing.Params(-1, 1e9))
+    with pytest.raises(ValueError, match="no parameter counts"):
+        pricing.params("Llama 9")
+    s = pricing.spec(g, params=pricing.params("gpt-oss-120b"))
+    assert (s.experts, s.experts_per_token) == (128, 4) and s.expert_params == MODELS["gpt-oss-120b"].expert_params
+
+
 def test_the_library_has_the_traps_the_drill_promises():
     """A head_dim set on its own, windows on every layer, windows on some layers, a window switched off."""
     raw = pricing.CONFIGS
