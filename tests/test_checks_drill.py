@@ -265,6 +265,10 @@ def reads_a_traceback(suspect):
         assert "top_left" not in "".join(traceback.format_tb(e.__traceback__))
 
 
+def borrows_the_reference(suspect):
+    checks.check_suspect_d.reference(suspect)
+
+
 def uses_sys_modules(suspect):
     import sys
     assert sys.modules["kvlesson.teaching.drill.lineup"].case("D")
@@ -288,6 +292,7 @@ def uses_sys_modules(suspect):
     (uses_inspect, ["uses inspect"]),
     (reads_a_traceback, ["uses traceback"]),
     (uses_sys_modules, ["uses sys"]),
+    (borrows_the_reference, ["its reference test, the answer itself"]),
     ("not a function", ["expected your test function itself", "check_suspect_"]),
 ])
 def test_the_mask_suspect_refuses_what_is_not_a_test(test, words):

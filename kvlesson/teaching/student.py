@@ -31,7 +31,7 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = 'raise NotImplementedError("your turn")'
 ANSWER_TAG = "answer"  # the cell tag of a markdown cell that gives an answer away
 ANSWER_STUB = ("*(This explanation gives an exercise's answer away, so the student copy leaves it out. Read it in "
-               "the lesson's solved copy once the checker above says PASS.)*")
+               "the lesson's solved copy, `notebooks/` in the repository, once the checker above says PASS.)*")
 
 
 def strip_solutions(source, where="cell"):

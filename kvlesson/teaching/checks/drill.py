@@ -448,6 +448,9 @@ def _source_problem(test):
                     "(kvlesson.attention, step, KVCache, causal_mask, ...)")
         if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
             return f"your test reads .{node.attr}, which is not part of any interface", _INTERFACE_ONLY
+        if isinstance(node, ast.Attribute) and node.attr == "reference" or name and name.startswith("check_suspect"):
+            return ("your test uses a checker or its reference test, the answer itself",
+                    "write the test yourself: a full recompute on an input the bug cannot hide from")
         dug = next((n.split(".")[0] for n in imported if n.split(".")[0] in _PAST_THE_INTERFACE), None)
         if isinstance(node, ast.Name) and (node.id in _PAST_THE_INTERFACE or node.id.startswith("__")):
             dug = node.id
