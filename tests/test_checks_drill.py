@@ -384,3 +384,32 @@ def test_each_suspect_recognises_an_unfilled_test():
 
 def test_the_package_is_importable_as_the_notebook_uses_it():
     assert kvlesson.teaching.drill.LABELS == lineup.LABELS
+
+
+def test_a_test_may_fail_the_pytest_way_but_a_skip_is_no_verdict():
+    """pytest.fail and pytest.skip raise BaseExceptions, which escaped the runner before (issue 18)."""
+    def fails_with_pytest(suspect):
+        if not np.allclose(suspect(q[:, 6:], k, v), attention(q[:, 6:], k, v), rtol=0, atol=1e-12):
+            pytest.fail("not the full recompute")
+
+    def skips(suspect):
+        suspect(q, k, v)
+        pytest.skip("later")
+
+    assert check(MASK)(fails_with_pytest)
+    verdict = check(MASK)(skips)
+    assert not verdict and "skipped itself" in verdict.problem and "Skipped: later" in verdict.problem
+
+
+def test_a_test_that_never_ends_is_stopped(monkeypatch):
+    from kvlesson.teaching import verdict as runner
+
+    monkeypatch.setattr(runner, "TIME_LIMIT", 0.2)
+
+    def waits_forever(suspect):
+        suspect(q, k, v)
+        while True:
+            pass
+
+    got = check(MASK)(waits_forever)
+    assert not got and "crashed on the correct version" in got.problem and "TimeUp" in got.problem

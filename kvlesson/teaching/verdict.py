@@ -40,7 +40,7 @@ import numpy as np
 
 __all__ = ["Verdict", "Slip", "checker", "run", "reject", "passed", "failed", "as_array", "as_number",
            "attribute", "first_slip", "reject_slip", "expect_close", "yours_or_ours", "distinct_digits", "plural",
-           "attempt", "Attempt", "TimeUp", "time_limit", "TIME_LIMIT"]
+           "attempt", "Attempt", "TimeUp", "time_limit", "TIME_LIMIT", "crash", "pytest_outcome"]
 
 STUB_PROBLEM = "your code still raises NotImplementedError"
 STUB_HINT = "replace the `raise NotImplementedError(...)` line with your code, run that cell, then this one"
@@ -187,7 +187,7 @@ def crash(error, case, crash_hint=None):
     if isinstance(error, SystemExit):
         return (f"for {case} your code called exit() (SystemExit: {error.code!r})",
                 "exit() and sys.exit() end the whole program: a function hands back its answer with return")
-    outcome = _pytest_outcome(error)
+    outcome = pytest_outcome(error)
     if outcome is not None:
         return (f"for {case} your code called pytest.{outcome}() ({kind}: {_short(error)})",
                 "pytest.fail and pytest.skip mean something only inside a pytest run; here a function returns its "
@@ -196,7 +196,7 @@ def crash(error, case, crash_hint=None):
     return f"for {case} your code raised {kind}: {_short(error)}", hint or "run it on that input yourself to see where"
 
 
-def _pytest_outcome(error):
+def pytest_outcome(error):
     """'fail', 'skip', 'xfail' or 'exit' for the exceptions pytest's functions raise (BaseExceptions, so that a
     test's `except Exception` cannot swallow them); None for anything else. pytest itself is not imported."""
     names = {"Failed": "fail", "Skipped": "skip", "XFailed": "xfail", "Exit": "exit"}
@@ -358,7 +358,7 @@ def attribute(obj, name, case, what="your cache"):
     value, e = done
     if isinstance(e, NotImplementedError):
         raise Reject(Verdict(False, problem=STUB_PROBLEM, hint=STUB_HINT, stub=True)) from None
-    if isinstance(e, (TimeUp, KeyboardInterrupt, SystemExit)) or e is not None and _pytest_outcome(e):
+    if isinstance(e, (TimeUp, KeyboardInterrupt, SystemExit)) or e is not None and pytest_outcome(e):
         reject(*crash(e, f"{case}, reading {what}.{name},"))
     if e is not None:
         reject(f"for {case} reading {what}.{name} raised {type(e).__name__}: {_short(e)}",

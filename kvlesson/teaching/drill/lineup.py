@@ -7,10 +7,9 @@ checker then runs that test on several versions of the same interface (`run`):
     correct    the broken version's twin, the bug switched off: the test must pass
     broken     the suspect: the test must fail (any exception counts, as it does in pytest)
     kvlesson   kvlesson's own implementation, where there is one: the test must pass, or it leans on details
-    shifted    the suspect with every number it hands back moved (arrays, lengths, byte counts, block tables; not
-               the ids a test hands back to it):
-               a test that only recognises the suspect's wrong answers passes here, where a test of the right answer
-               fails
+    shifted    the suspect with every number it hands back moved (arrays, lengths, byte counts, block tables, but
+               not the ids a test hands back to it): a test that only recognises the suspect's wrong answers
+               passes here, where a test of the right answer fails
 
 A verdict must come from what the test observes, so (issue 18):
   - the versions run in a random order, each on a fresh instance of the test (`fresh`): its globals, defaults,
@@ -20,8 +19,8 @@ A verdict must come from what the test observes, so (issue 18):
   - while a test runs, the lineup is sealed: suspects handed out for exploration stop working, and `case(label)`,
     the one way to learn which bug a label hides, refuses to answer. No module attribute maps labels to bugs.
 What the veils cannot hide from code that digs (another module's state, a class attribute used as a counter, the
-frames of a traceback) the checker's reading of the test's source refuses by name, and the random order leaves
-such a test only luck.
+frames of a traceback), the checker's reading of the test's source refuses by name; and the random order leaves
+such a test nothing but luck.
 """
 import copy
 import hashlib
@@ -130,12 +129,12 @@ def run(test, label, version, limit=None):
 
 
 def _status(error, from_suspect):
-    name = type(error).__name__
+    outcome = verdict.pytest_outcome(error)
     if isinstance(error, NotImplementedError) and not from_suspect:
         return "stub"
-    if isinstance(error, AssertionError) or name == "Failed":
+    if isinstance(error, AssertionError) or outcome == "fail":
         return "fail"
-    if name == "Skipped":
+    if outcome in ("skip", "xfail"):
         return "skip"
     return "crash"  # TimeUp, a TypeError, a KeyboardInterrupt: no verdict on the implementation
 
