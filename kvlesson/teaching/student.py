@@ -94,9 +94,9 @@ def dependent_cells(cells):
     """Indexes of the code cells whose outputs may depend on an exercise, in a list of notebook cells.
 
     An exercise cell (one with a solution block) depends on itself. A later code cell depends on an exercise when
-    it reads a name that depends on one; it then taints what it binds (assignments, defs, imports, loop and `with`
-    targets) and what it changes through a method call or an item or attribute assignment (`sheet.check(...)`,
-    `results[i] = ...`), modules excepted. A clean cell that rebinds a name at its top level, unconditionally,
+    it reads a name that depends on one; it then taints what it binds (assignments, defs, loop and `with` targets,
+    not the modules it imports) and what it changes through a method call or an item or attribute assignment
+    (`sheet.check(...)`, `results[i] = ...`), modules excepted. A clean cell that rebinds a name at its top level, unconditionally,
     frees it. A cell whose source cannot be parsed depends on an exercise once any name does. The checker cell
     right after an exercise always depends on it.
     """
