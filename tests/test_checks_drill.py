@@ -386,6 +386,14 @@ def test_the_package_is_importable_as_the_notebook_uses_it():
     assert kvlesson.teaching.drill.LABELS == lineup.LABELS
 
 
+def test_the_source_check_reads_a_lambda_not_the_line_around_it():
+    """The lambda's source is its whole line, checker call included: only the lambda itself is read."""
+    verdict = check(MASK)(lambda suspect: None)
+    assert not verdict and "never calls suspect" in verdict.problem
+    verdict = check(MASK)(lambda suspect: checks.check_suspect_d.reference(suspect))
+    assert not verdict and "the answer itself" in verdict.problem
+
+
 def test_a_test_may_fail_the_pytest_way_but_a_skip_is_no_verdict():
     """pytest.fail and pytest.skip raise BaseExceptions, which escaped the runner before (issue 18)."""
     def fails_with_pytest(suspect):

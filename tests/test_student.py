@@ -125,6 +125,7 @@ EXERCISE_F = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUT
      [True, False, False, True]),
     # a name bound afresh from clean values is clean again; a conditional rebinding is not trusted
     ((EXERCISE_F, "y = f(1)", "y = 5", "print(y)"), [False, False, True, True]),
+    ((EXERCISE_F, "y, z = f(1), 2", "(y, *z), w = [5, 6], 7", "print(y, z)"), [False, False, True, True]),
     ((EXERCISE_F, "y = f(1)", "if True:\n    y = 5", "print(y)"), [False, False, True, False]),
     # a function defined later that calls the exercise, and what calls that
     ((EXERCISE_F, "def g():\n    return f(1)", "print(g())"), [False, False, False]),

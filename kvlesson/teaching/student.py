@@ -96,9 +96,9 @@ def dependent_cells(cells):
     An exercise cell (one with a solution block) depends on itself. A later code cell depends on an exercise when
     it reads a name that depends on one; it then taints what it binds (assignments, defs, loop and `with` targets,
     not the modules it imports) and what it changes through a method call or an item or attribute assignment
-    (`sheet.check(...)`, `results[i] = ...`), modules excepted. A clean cell that rebinds a name at its top level, unconditionally,
-    frees it. A cell whose source cannot be parsed depends on an exercise once any name does. The checker cell
-    right after an exercise always depends on it.
+    (`sheet.check(...)`, `results[i] = ...`), modules excepted. A clean cell that rebinds a name at its top level,
+    unconditionally, frees it. A cell whose source cannot be parsed depends on an exercise once any name does. The
+    checker cell right after an exercise always depends on it.
     """
     tainted, imported, found, after_exercise = set(), set(), [], False
     for i, cell in enumerate(cells):
@@ -148,7 +148,7 @@ def _names(source):
     for statement in tree.body:  # what a top-level statement binds whatever happens
         if isinstance(statement, (ast.Assign, ast.AnnAssign)):
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-            got.rebinds |= {t.id for t in targets if isinstance(t, ast.Name)}
+            got.rebinds |= {n for t in targets for n in _unpacked(t)}
         elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             got.rebinds.add(statement.name)
         elif isinstance(statement, (ast.Import, ast.ImportFrom)):
@@ -249,6 +249,17 @@ def _locals(scope):
         if not isinstance(node, _SCOPES):
             todo.extend(ast.iter_child_nodes(node))
     return names - declared
+
+
+def _unpacked(target):
+    """The names an assignment target binds: x, or each of a, b, *rest; none for x.a or x[i]."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Starred):
+        return _unpacked(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return {n for t in target.elts for n in _unpacked(t)}
+    return set()
 
 
 def _root(node):

@@ -438,7 +438,9 @@ def _source_problem(test):
         tree = ast.parse(textwrap.dedent(inspect.getsource(test)))
     except Exception:  # a builtin, code made by exec, or a lambda cut out of a longer line
         return None
-    for node in ast.walk(tree):
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    own = [n for n in scopes if getattr(n, "name", "<lambda>") == test.__name__]  # not the line around a lambda
+    for node in (n for scope in own or [tree] for n in ast.walk(scope)):
         name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
         imported = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
         imported += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
