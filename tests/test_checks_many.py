@@ -152,6 +152,8 @@ def with_blocks(blocks):
     (lambda L, bs: f"{paging_cost(L, bs)}", "expected two numbers"),
     (lambda L, bs: (float("nan"), 1.0), "returned nan"),
     (lambda L, bs: (paging_cost(L, bs)[0], paging_cost(L, bs)[1], 0), "expected two numbers"),
+    (lambda L, bs: np.array(paging_cost(L, bs)[0]), "expected two numbers"),  # a 0-d array has no length
+    (lambda L, bs: np.array([paging_cost(L, bs)]), "expected two numbers"),  # [1, 2]: one row of two
 ])
 def test_paging_cost_checker_names_the_mistake(wrong, words):
     verdict = check_paging_cost(wrong)

@@ -327,7 +327,8 @@ _TABLE_SLIPS = [
 
 
 def _pair(got, case):
-    if isinstance(got, (str, bytes, dict, set)) or not isinstance(got, (tuple, list, np.ndarray)) or len(got) != 2:
+    pair = isinstance(got, (tuple, list)) or (isinstance(got, np.ndarray) and got.ndim == 1)
+    if not pair or len(got) != 2:
         reject(f"for {case} your function returned {type(got).__name__ if got is not None else 'None'}; expected "
                "two numbers, (waste, table_length)", "return a tuple: return waste, table_length")
     return (as_number(got[0], case, "your waste"), as_number(got[1], case, "your table length"))
