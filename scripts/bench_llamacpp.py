@@ -3,14 +3,14 @@
     /path/to/reference-venv/bin/python scripts/bench_llamacpp.py                 # 1 and 2 threads, 11 rounds each
     /path/to/reference-venv/bin/python scripts/bench_llamacpp.py --threads 2 --rounds 21
 
-llama-cpp-python comes from requirements-reference.txt (built from source; README says how). llama.cpp's own quantizer
+llama-cpp-python comes from requirements-llamacpp.txt (built from source; the file says how). llama.cpp's own quantizer
 (llama_model_quantize with LLAMA_FTYPE_ALL_F32 and allow_requantize) turns SmolLM2's Q4_1 file into an all-float32
 GGUF once, kept in the user cache: then llama.cpp streams the same 538 MB of float32 weights a kvlesson step does.
 Four contenders take turns within every round, on the same 128-token prompt (the shipped text), the same number of
 threads (numpy's OpenBLAS and llama.cpp's own pool), each timed over the same decode steps:
   - kvlesson plain (kvlesson.model.forward with the loaded weights, the pass the lessons teach)
   - kvlesson fused (Model.fused(): Q/K/V and gate/up in one product each)
-  - llama.cpp on the float32 copy, and on the Q4_1 file itself (6.7x fewer bytes)
+  - llama.cpp on the float32 copy, and on the Q4_1 file itself (98 MB against 540: 5.5x fewer bytes)
 and the bandwidth floor of the round: the float32 weight bytes over the bandwidth of one 8192 x 8192 float32
 matrix-vector product. Each round reports each contender's median step; the table gives medians over rounds with the
 min .. max of each ratio, and a round in which a contender took more than 1.5x its median is flagged as stalled and
@@ -48,8 +48,8 @@ def needs_llama_cpp():
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        print("scripts/bench_llamacpp.py needs llama-cpp-python: pip install -r requirements-reference.txt "
-              "(see the README for the build flags and how long the build takes)", file=sys.stderr)
+        print("scripts/bench_llamacpp.py needs llama-cpp-python: see requirements-llamacpp.txt for the build flags "
+              "and how long the build takes", file=sys.stderr)
         sys.exit(2)
 
 
