@@ -73,24 +73,20 @@ def snapkv_pass(x, Wq, Wk, Wv, H, Hkv, prompt, keep, voters, pool, rope_base=Non
     N, G = x.shape[0], H // Hkv
     out = np.zeros((N, H * q.shape[2]))
     votes = np.zeros(prompt)
-    for p in range(N):
-        if p < prompt:
-            seen = list(range(p + 1))
-        else:
-            seen = kept + list(range(prompt, p + 1))
-        o, w = attend_one(q[:, p], k, v, seen, G)
+    for p in range(prompt):  # the prompt: causal, and its last `voters` queries vote
+        o, w = attend_one(q[:, p], k, v, list(range(p + 1)), G)
         out[p] = o.reshape(-1)
-        if prompt - voters <= p < prompt:
+        if p >= prompt - voters:
             votes[: p + 1] += w.sum(axis=0)
-        if p == prompt - 1:
-            kept = list(range(prompt))
-            if prompt > keep:
-                early = votes[: prompt - voters]
-                half = pool // 2
-                smooth = [np.mean([early[min(max(i + o, 0), early.size - 1)] for o in range(-half, half + 1)])
-                          for i in range(early.size)]
-                best = sorted(range(early.size), key=lambda i: (-smooth[i], i))[: keep - voters]
-                kept = sorted(best) + list(range(prompt - voters, prompt))
+    kept = list(range(prompt))
+    if prompt > keep:
+        early, half = votes[: prompt - voters], pool // 2
+        smooth = [np.mean([early[min(max(i + o, 0), early.size - 1)] for o in range(-half, half + 1)])
+                  for i in range(early.size)]
+        best = sorted(range(early.size), key=lambda i: (-smooth[i], i))[: keep - voters]
+        kept = sorted(best) + list(range(prompt - voters, prompt))
+    for p in range(prompt, N):  # after it: what stayed, and every later token
+        out[p] = attend_one(q[:, p], k, v, kept + list(range(prompt, p + 1)), G)[0].reshape(-1)
     return out
 
 

@@ -398,3 +398,17 @@ def test_a_truncated_cache_equals_one_that_held_only_those_positions(c, back, af
     for a, b in zip(feed(cache, after, n), feed(fresh, after, n), strict=True):
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("key_scales", ["token", "channel"])
+def test_a_cache_given_numbers_near_the_float32_range_stores_no_nan(key_scales):
+    """Issue 19: max - min of float32 numbers near +-3.4e38 overflowed to inf, and the cache handed back nan."""
+    rng = np.random.default_rng(0)
+    k, v = (rng.uniform(-1, 1, (2, 1, 8, 4)) * 3.3e38).astype(np.float32)
+    cache = QuantizedKVCache(1, 4, 4, key_scales=key_scales, block=8, dtype=np.float32)
+    cache.append(k, v)
+    K, V = cache.append(np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4), np.float32))  # reads all 8 quantized
+    assert np.isfinite(K).all() and np.isfinite(V).all()
+    wide = v[0].astype(np.float64)
+    half_step = np.ptp(wide, axis=-1, keepdims=True) / 15 / 2
+    assert (np.abs(V[0, :8] - wide) <= half_step * (1 + 1e-6)).all()

@@ -162,10 +162,11 @@ class SnapKVCache(ScoredKVCache):
     """A prompt compressed once by its own last queries, then every later token kept.
 
     The first append that brings tokens is the prompt; its queries attend over all of it (causal). If it is longer
-    than `keep`, its last `voters` queries (SnapKV's observation window) vote: the attention each earlier position received from them, summed
-    over query heads and averaged over `pool` neighbouring positions (SnapKV's pooling, so a kept token keeps some of
-    its neighbours), and the keep - voters earlier positions with the most votes stay (of equals, the earlier), with
-    the observation window itself. Later appends are kept in full, as in the paper: the cache grows again.
+    than `keep`, its last `voters` queries (SnapKV's observation window) vote: the attention each earlier position
+    received from them, summed over query heads and averaged over `pool` neighbouring positions (SnapKV's pooling,
+    so a kept token keeps some of its neighbours), and the keep - voters earlier positions with the most votes stay
+    (of equals, the earlier), with the observation window itself. Later appends are kept in full, as in the paper:
+    the cache grows again.
     """
 
     def __init__(self, Hkv, d, keep, voters=16, pool=5, dtype=np.float64):
