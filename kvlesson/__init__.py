@@ -41,7 +41,7 @@ from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache
 from kvlesson.layer import step
 from kvlesson.online import online_attention, split_kv_attention
 from kvlesson.rope import apply_rope
-from kvlesson.sdpa import attention, causal_mask
+from kvlesson.sdpa import attention, causal_mask, tree_mask
 from kvlesson.serving.paged import PagedKVCache
 from kvlesson.shrink.quant import QuantizedKVCache
 from kvlesson.shrink.sinks import SinkKVCache
@@ -49,6 +49,7 @@ from kvlesson.shrink.sinks import SinkKVCache
 __all__ = [
     "attention",
     "causal_mask",
+    "tree_mask",
     "apply_rope",
     "KVCache",
     "StaticKVCache",

@@ -17,8 +17,8 @@ import operator
 
 import numpy as np
 
-from kvlesson import fused, validate
 from kvlesson import model as _model
+from kvlesson import validate
 from kvlesson.cache import rules
 from kvlesson.serving import batch
 from kvlesson.weights import f32cache, fetch, gguf_file, layout, tokenizer
@@ -26,9 +26,11 @@ from kvlesson.weights.fetch import ModelFileError  # noqa: F401  raised by load(
 
 
 class Model:
-    """A config, a dict of float32 weights and a tokenizer; the computation is kvlesson.model.forward."""
+    """A config, a dict of weights (float32 as loaded) and a tokenizer; the computation is kvlesson.model.forward.
 
-    _forward = staticmethod(_model.forward)  # the forward pass the lessons teach
+    Every method checks what it is given before any cache or pool moves: ids against the vocabulary, lengths against
+    the context, caches against each other.
+    """
 
     def __init__(self, config, weights, tokenizer, chat_template=None):
         self.config, self.weights, self.tokenizer = config, weights, tokenizer
@@ -51,12 +53,15 @@ class Model:
         w = {name: a.astype(dtype) for name, a in self.weights.items() if name != "token_embd.weight"}
         tied = layout.is_tied(self.weights)
         w["token_embd.weight"] = w["output.weight"].T if tied else self.weights["token_embd.weight"].astype(dtype)
-        return type(self)(self.config, w, self.tokenizer, self.chat_template)
+        return Model(self.config, w, self.tokenizer, self.chat_template)
 
     def fused(self):
-        """The same model with Q/K/V and gate/up fused into one product each (kvlesson.fused): same logits up to
-        float32 summation order, faster decoding. Costs a copy of those weights (about 280 MB for SmolLM2)."""
-        return FusedModel(self.config, fused.fuse(self.config, self.weights), self.tokenizer, self.chat_template)
+        """The same model with Q/K/V and gate/up fused into one product each (kvlesson.weights.layout.fuse): the
+        same forward pass, the same logits up to float32 summation order, faster decoding. Costs a copy of those
+        weights (about 280 MB for SmolLM2)."""
+        if layout.is_fused(self.weights):
+            return self
+        return Model(self.config, layout.fuse(self.config, self.weights), self.tokenizer, self.chat_template)
 
     def new_cache(self, capacity=None, static=True):
         """One empty cache per layer: a StaticKVCache of `capacity` positions (default config.max_len), in the
@@ -75,8 +80,7 @@ class Model:
         """[T] token ids -> [T, vocab] logits in the model's dtype (float32 as loaded).
 
         With caches (one per layer, from new_cache()), the T tokens are appended at positions len(caches[0])
-        onward. With caches=None, the ids are run as one fresh sequence and nothing is kept. Everything is
-        checked before the first layer runs, so a refused call leaves the caches as they were.
+        onward. With caches=None, the ids are run as one fresh sequence and nothing is kept.
         """
         ids = self.tokenizer.check_ids(ids)
         if caches is None:
@@ -84,24 +88,17 @@ class Model:
         self._check_caches(caches, len(ids))
         if not ids:
             return np.zeros((0, self.config.vocab), self.dtype)
-        return self._forward(self.config, self.weights, ids, caches)
+        return _model.forward(self.config, self.weights, ids, caches)
 
     def generate(self, ids, max_new_tokens, use_cache=True):
         """Greedy decoding -> the max_new_tokens new token ids (the prompt is not repeated).
 
         use_cache=False recomputes the whole sequence for every new token, to compare against.
         """
-        ids = self.tokenizer.check_ids(ids)
-        n = validate.integer("max_new_tokens", max_new_tokens)
-        if not ids:
-            raise ValueError("need at least one prompt token to predict the next one")
-        if len(ids) + n > self.config.max_len:
-            raise ValueError(f"{len(ids)} prompt + {n} new tokens exceed the context of {self.config.max_len} "
-                             "positions")
+        ids, n = self._check_prompt(ids, max_new_tokens)
         if n == 0:
             return []
-        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, dtype=self.dtype,
-                               forward=self._forward)
+        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, dtype=self.dtype)
 
     def generate_batch(self, prompts, max_new_tokens, *, max_batch=64, block_size=16):
         """Greedy decoding of many prompts together -> one list of new token ids per prompt.
@@ -111,26 +108,18 @@ class Model:
         equals generate(prompt, n) on that prompt alone, up to float32 summation order (lesson 09 measures it).
         max_new_tokens is one count for all prompts, or one per prompt.
         """
-        if "blk.0.attn_q.weight" not in self.weights:
-            raise TypeError("generate_batch runs the plain weights: call it on the model load() returns")
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
             raise TypeError(f"prompts must be a list of prompts, each a list of token ids; got "
                             f"{type(prompts).__name__}")
-        prompts = [self.tokenizer.check_ids(p, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
         counts = [max_new_tokens] * len(prompts) if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
         if len(counts) != len(prompts):
             raise ValueError(f"max_new_tokens has {len(counts)} counts for {len(prompts)} prompts")
-        counts = [validate.integer("max_new_tokens", n) for n in counts]
+        checked = [self._check_prompt(p, n, f"prompts[{i}]") for i, (p, n) in enumerate(zip(prompts, counts,
+                                                                                              strict=True))]
         validate.integer("max_batch", max_batch, minimum=1)
         validate.integer("block_size", block_size, minimum=1)
-        for i, (ids, n) in enumerate(zip(prompts, counts, strict=True)):
-            if not ids:
-                raise ValueError(f"prompt {i} is empty: need at least one token to predict the next one")
-            if len(ids) + n > self.config.max_len:
-                raise ValueError(f"prompt {i}: {len(ids)} prompt + {n} new tokens exceed the context of "
-                                 f"{self.config.max_len} positions")
-        return batch.generate_batch(self.config, self.weights, prompts, counts, max_batch=max_batch,
-                                    block_size=block_size)
+        return batch.generate_batch(self.config, self.weights, [p for p, _ in checked], [n for _, n in checked],
+                                    max_batch=max_batch, block_size=block_size)
 
     def chat_prompt(self, user, system=None):
         """The ChatML text SmolLM2-Instruct was tuned on, written out by hand (the file's template renders the same).
@@ -143,15 +132,24 @@ class Model:
                 f"<|im_start|>user\n{user}<|im_end|>\n"
                 f"<|im_start|>assistant\n")
 
+    def _check_prompt(self, ids, max_new_tokens, name="ids"):
+        """-> (ids, n): a prompt of at least one valid id, and a count of new tokens that fits the context."""
+        ids = self.tokenizer.check_ids(ids, name=name)
+        n = validate.integer("max_new_tokens", max_new_tokens)
+        if not ids:
+            raise ValueError(f"{name} is empty: need at least one prompt token to predict the next one")
+        if len(ids) + n > self.config.max_len:
+            raise ValueError(f"{name}: {len(ids)} prompt + {n} new tokens exceed the context of "
+                             f"{self.config.max_len} positions")
+        return ids, n
+
     def _check_caches(self, caches, T):
         cfg = self.config
-        try:
-            n = len(caches)
-        except TypeError:
-            raise TypeError(f"caches must be a list of {cfg.n_layers} caches (model.new_cache()); "
-                            f"got {type(caches).__name__}") from None
-        if n != cfg.n_layers:
-            raise ValueError(f"need one cache per layer ({cfg.n_layers}); got {n}")
+        if not isinstance(caches, (list, tuple)) or not all(hasattr(c, "append") for c in caches):
+            raise TypeError(f"caches must be a list of {cfg.n_layers} caches, one per layer (model.new_cache()); "
+                            f"got {type(caches).__name__}")
+        if len(caches) != cfg.n_layers:
+            raise ValueError(f"need one cache per layer ({cfg.n_layers}); got {len(caches)}")
         seen = {operator.index(len(c)) for c in caches}
         if len(seen) != 1:
             raise ValueError(f"the caches disagree on how many tokens they hold: {sorted(seen)}")
@@ -165,20 +163,9 @@ class Model:
 
     def __repr__(self):
         c = self.config
-        return (f"Model({c.n_layers} layers, D={c.D}, H={c.H}, Hkv={c.Hkv}, d={c.d}, hidden={c.hidden}, "
-                f"vocab={c.vocab}, rope_base={c.rope_base:g}, interleaved={c.rope_interleaved})")
-
-
-class FusedModel(Model):
-    """A Model whose forward pass is kvlesson.fused.forward; its weights hold the fused matrices."""
-
-    _forward = staticmethod(fused.forward)
-
-    def fused(self):
-        return self
-
-    def __repr__(self):
-        return "Fused" + super().__repr__()
+        fused = "fused, " if layout.is_fused(self.weights) else ""
+        return (f"Model({fused}{c.n_layers} layers, D={c.D}, H={c.H}, Hkv={c.Hkv}, d={c.d}, hidden={c.hidden}, "
+                f"vocab={c.vocab}, rope_base={c.rope_base:g}, interleaved={c.rope_interleaved}, {self.dtype})")
 
 
 def load(path=None, *, sha256=fetch.SHA256, f32_cache=True):

@@ -1,17 +1,78 @@
 """One Llama-style transformer, two sizes: a tiny random one for the lessons, SmolLM2-135M for the capstone.
 
-The forward pass is the whole model: RMSNorm, attention over a cache with GQA and RoPE
-(kvlesson.step), a residual, RMSNorm, a SwiGLU feed-forward, a residual; repeated per layer.
-Weights are a dict keyed by the GGUF tensor names (blk.0.attn_q.weight, ...), each matrix
-stored [in, out] so every projection is x @ W.
+The forward pass is the whole model: per layer, RMSNorm, attention over a cache with GQA and RoPE, a residual,
+RMSNorm, a SwiGLU feed-forward, a residual. `block` is that layer body, written once for every way the model runs:
+  - one sequence on a cache per layer (lesson 03's caches), attention by kvlesson.layer.attend, step's second half;
+  - the same with fused weights (kvlesson.weights.layout.fuse): Q, K and V come from one product, gate and up from
+    another, and nothing else changes;
+  - a batch of sequences on one paged pool (kvlesson.serving.batch), each bringing any number of new tokens: the
+    caches are views of the pool and `attend` is the batch's own, which reads each sequence's pages.
+Weights are a dict keyed by the GGUF tensor names (blk.0.attn_q.weight, ...), each matrix stored [in, out] so every
+projection is x @ W.
 """
 import dataclasses
 
 import numpy as np
 
+from kvlesson import validate
 from kvlesson.cache import KVCache, StaticKVCache
 from kvlesson.configs import Config
-from kvlesson.layer import step
+from kvlesson.layer import attend, project
+
+
+def forward(cfg, w, ids, caches, *, attend=attend, rows=None):
+    """[T] token ids -> [T, vocab] logits, appending the T new tokens to `caches` (one per layer).
+
+    attend(q, k, v, cache, rope_base=, interleaved=) -> [T, H*d] is how attention reads a cache: kvlesson.layer.attend
+    (the default) for one sequence, kvlesson.serving.batch.attend for a batch on a paged pool. rows: only these rows'
+    logits (a batch wants each sequence's last), so the [T, vocab] product is never made for the rest.
+    """
+    x = w["token_embd.weight"][_checked(cfg, ids, caches)]  # [T, D]
+    for i, cache in enumerate(caches):
+        x = block(cfg, w, i, x, cache, attend)
+    x = rms_norm(x if rows is None else x[rows], w["output_norm.weight"], cfg.norm_eps)
+    return x @ w["output.weight"]  # [T, vocab]; tied models share token_embd, transposed
+
+
+def block(cfg, w, i, x, cache, attend=attend):
+    """[T, D] -> [T, D]: layer i. Attention over the cache, then the feed-forward, each added to the residual."""
+    b = f"blk.{i}."
+    h = rms_norm(x, w[b + "attn_norm.weight"], cfg.norm_eps)
+    q, k, v = qkv(cfg, w, b, h)  # [H, T, d], [Hkv, T, d], [Hkv, T, d]: the new tokens only
+    a = attend(q, k, v, cache, rope_base=cfg.rope_base, interleaved=cfg.rope_interleaved)  # [T, H*d]
+    x = x + a @ w[b + "attn_output.weight"]
+    h = rms_norm(x, w[b + "ffn_norm.weight"], cfg.norm_eps)
+    return x + swiglu(w, b, h) @ w[b + "ffn_down.weight"]
+
+
+def _checked(cfg, ids, caches):
+    """-> int64 [T] ids, each in [0, vocab), after checking there is one cache per layer."""
+    if not isinstance(caches, (list, tuple)) or len(caches) != cfg.n_layers:
+        of = f" of {len(caches)}" if isinstance(caches, (list, tuple)) else ""
+        raise TypeError(f"caches must be a list of {cfg.n_layers} caches, one per layer (new_cache(cfg)); got "
+                        f"{type(caches).__name__}{of}")
+    return validate.token_ids("ids", ids, cfg.vocab)  # a negative id would read the token table from its end
+
+
+def qkv(cfg, w, b, h):
+    """[T, D] normed -> q [H, T, d], k and v [Hkv, T, d]: step's projections, or one product when the layer's weights
+    are fused ([Wq | Wk | Wv] side by side, kvlesson.weights.layout.fuse)."""
+    fused = w.get(b + "attn_qkv.weight")
+    if fused is None:
+        return project(h, w[b + "attn_q.weight"], w[b + "attn_k.weight"], w[b + "attn_v.weight"], cfg.H, cfg.Hkv)
+    H, Hkv = cfg.H, cfg.Hkv
+    heads = (h @ fused).reshape(h.shape[0], H + 2 * Hkv, cfg.d).transpose(1, 0, 2)  # [H + 2 Hkv, T, d]
+    return heads[:H], heads[H : H + Hkv], heads[H + Hkv :]
+
+
+def swiglu(w, b, h):
+    """[T, D] normed -> [T, hidden]: silu(h Wgate) * (h Wup), from one product when gate and up are fused."""
+    fused = w.get(b + "ffn_gate_up.weight")
+    if fused is None:
+        return silu(h @ w[b + "ffn_gate.weight"]) * (h @ w[b + "ffn_up.weight"])
+    gu = h @ fused  # [T, 2 hidden]
+    hidden = gu.shape[1] // 2
+    return silu(gu[:, :hidden]) * gu[:, hidden:]
 
 
 def rms_norm(x, w, eps):
@@ -36,29 +97,12 @@ def new_cache(cfg, dtype=np.float32, static=True):
     return [KVCache(cfg.Hkv, cfg.d, dtype) for _ in range(cfg.n_layers)]
 
 
-def forward(cfg, w, ids, caches):
-    """[T] token ids -> [T, vocab] logits, appending the T new tokens to `caches` (one per layer)."""
-    x = w["token_embd.weight"][np.asarray(ids, dtype=np.int64)]  # [T, D]
-    for i, cache in enumerate(caches):
-        b = f"blk.{i}."
-        h = rms_norm(x, w[b + "attn_norm.weight"], cfg.norm_eps)
-        a = step(h, w[b + "attn_q.weight"], w[b + "attn_k.weight"], w[b + "attn_v.weight"], cache,
-                 cfg.H, cfg.Hkv, rope_base=cfg.rope_base, interleaved=cfg.rope_interleaved)  # [T, H*d]
-        x = x + a @ w[b + "attn_output.weight"]
-        h = rms_norm(x, w[b + "ffn_norm.weight"], cfg.norm_eps)
-        x = x + (silu(h @ w[b + "ffn_gate.weight"]) * (h @ w[b + "ffn_up.weight"])) @ w[b + "ffn_down.weight"]
-    x = rms_norm(x, w["output_norm.weight"], cfg.norm_eps)
-    return x @ w["output.weight"]  # [T, vocab]; tied models share token_embd, transposed
-
-
-def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32, forward=None):
+def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32):
     """Greedy decoding. Returns the new token ids only.
 
     With the cache, the prompt is prefilled once and each step feeds one token.
     Without it, each step re-runs the whole sequence through fresh caches (recompute).
-    `forward` defaults to this module's forward pass (kvlesson.fused passes its own).
     """
-    forward = forward or globals()["forward"]
     ids = [int(i) for i in ids]
     out = []
     caches = new_cache(cfg, dtype)

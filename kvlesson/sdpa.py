@@ -1,12 +1,14 @@
 """Scaled dot-product attention (sdpa) with the offset causal mask and grouped KV heads."""
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import validate
 
 
-def causal_mask(T, S, window=None):
+def causal_mask(T: int, S: int, window: int | None = None) -> np.ndarray:
     """(T, S) -> bool [T, S]: True where query i may see key j.
 
     Query i sits at absolute position S - T + i, so it sees every key j <= S - T + i.
@@ -23,7 +25,44 @@ def causal_mask(T, S, window=None):
     return mask
 
 
-def attention(q, k, v, *, window=None, mask=None):
+def tree_mask(parents: Sequence[int], S: int) -> np.ndarray:
+    """parents: T ints, parents[i] < i or -1 (a child of the last cached token) -> bool [T, S + T].
+
+    Node i of a tree of T new tokens (speculative decoding's drafts, lesson 14) sees every one of the S cached keys
+    and, among the new ones, itself and its ancestors: a branch never sees its siblings. It sits at position
+    S + depth(i) (`tree_depths`), not S + i. A chain, parents = [-1, 0, 1, ...], gives lesson 04's offset mask.
+    """
+    S = validate.integer("S", S)
+    parents = _parents(parents)
+    T = len(parents)
+    ancestors = np.eye(T, dtype=bool)  # [T, T]: row i, the nodes on the path from the root to i
+    for i, p in enumerate(parents):
+        if p >= 0:
+            ancestors[i] |= ancestors[p]  # p < i, so its row is complete
+    return np.concatenate([np.ones((T, S), bool), ancestors], axis=1)
+
+
+def tree_depths(parents: Sequence[int]) -> np.ndarray:
+    """-> int [T]: each node's depth, 0 for a child of the last cached token; node i sits at position S + depth."""
+    parents = _parents(parents)
+    depth = np.zeros(len(parents), dtype=np.intp)
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    return depth
+
+
+def _parents(parents):
+    if isinstance(parents, (str, bytes)) or not hasattr(parents, "__len__"):
+        raise TypeError(f"parents must be a list of T integers; got {type(parents).__name__}")
+    parents = [validate.integer(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents)]
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ValueError(f"parents[{i}]={p}: a node's parent must come before it (-1 for the last cached token)")
+    return parents
+
+
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = None,
+              mask: ArrayLike | None = None) -> np.ndarray:
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], in the dtype of q.
 
     Query i sits at position S - T + i of the keys it is given, and sees key j when j <= S - T + i
@@ -33,6 +72,10 @@ def attention(q, k, v, *, window=None, mask=None):
     Query head h reads KV head h // G. Rather than copying every KV head G times
     (np.repeat(k, G, axis=0)), the G query heads of a group are stacked into one
     matrix of G*T rows, so a single batched matmul per KV head does the work.
+
+    Scores and sums are kept in float32 at least (float16's largest value, 65,504, is one score of a long
+    context). A key or value a query cannot see never reaches its output, even if it is inf or NaN; a query
+    that sees one gets what IEEE arithmetic gives it. Finite inputs whose scores overflow are a ValueError.
     """
     q, k, v, window = _checked(q, k, v, window)
     H, T, d = q.shape
@@ -40,22 +83,44 @@ def attention(q, k, v, *, window=None, mask=None):
     G = H // Hkv
     if mask is not None:
         mask = _checked_mask(mask, T, S, window)
+    elif T > 1 or window is not None:  # one query at S - 1 sees every key anyway
+        mask = causal_mask(T, S, window)
     if T == 0:
         return np.zeros_like(q)
-    qg = q.reshape(Hkv, G * T, d)  # heads h = g*G .. g*G+G-1 share KV head g
-    s = qg @ k.transpose(0, 2, 1)  # [Hkv, G*T, S]
-    s *= 1 / math.sqrt(d)  # a Python float is weak under NumPy 2: float32 stays float32
-    s = s.reshape(Hkv, G, T, S)
-    if mask is not None:
-        s = np.where(mask, s, -np.inf)
-    elif T > 1 or window is not None:  # one query at S - 1 sees every key anyway
-        s = np.where(causal_mask(T, S, window), s, -np.inf)
-    # subtract the row max so exp never overflows; every row keeps its own key, so the max is finite
-    s -= s.max(axis=-1, keepdims=True)
-    p = np.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)
-    out = p.reshape(Hkv, G * T, S) @ v  # [Hkv, G*T, d]
-    return out.reshape(H, T, d)
+    acc = np.result_type(q.dtype, np.float32)  # float16 in, float32 sums
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf or NaN key stays in the rows that see it (below)
+        qg = q.reshape(Hkv, G * T, d).astype(acc, copy=False)  # heads h = g*G .. g*G+G-1 share KV head g
+        s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, S]
+        s *= 1 / math.sqrt(d)  # a Python float is weak under NumPy 2: float32 stays float32
+        s = s.reshape(Hkv, G, T, S)
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        # subtract the row max so exp never overflows; every row keeps its own key, so the max is finite
+        top = s.max(axis=-1, keepdims=True)
+        if np.isposinf(top).any() and np.isfinite(q).all() and np.isfinite(k).all():
+            raise ValueError(f"attention scores overflow {acc}: some q . k / sqrt(d) is beyond "
+                             f"{np.finfo(acc).max:.3g} (inputs this large are out of range; normalise them)")
+        s -= top
+        p = np.exp(s, out=s).reshape(Hkv, G * T, S)
+        p /= p.sum(axis=-1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = _weighted_values(p, v.astype(acc, copy=False), mask)  # [Hkv, G*T, d]
+    return out.reshape(H, T, d).astype(q.dtype, copy=False)
+
+
+def _weighted_values(p, v, mask):
+    """p [Hkv, G*T, S] @ v [Hkv, S, d], except that a value a query cannot see never touches its output: its weight
+    is 0, but 0 * inf is NaN. Queries that do see an inf or NaN value get what IEEE arithmetic gives them."""
+    if mask is None:
+        return p @ v
+    bad = ~np.isfinite(v).all(axis=(0, 2))  # [S] keys whose value holds an inf or a NaN
+    if not bad.any():
+        return p @ v
+    out = p @ np.where(bad[None, :, None], 0, v)
+    T = mask.shape[0]
+    sees = np.tile(mask[:, bad].any(axis=1), p.shape[1] // T)  # [G*T]: rows g*T + i belong to query i
+    out[:, sees] = p[:, sees] @ v
+    return out
 
 
 def _checked(q, k, v, window):

@@ -15,7 +15,7 @@ import operator
 
 import numpy as np
 
-__all__ = ["integer", "window", "positive", "floats", "same_dtype"]
+__all__ = ["integer", "window", "positive", "floats", "same_dtype", "token_ids"]
 
 
 def integer(name, value, minimum=0):
@@ -71,3 +71,28 @@ def same_dtype(**arrays):
     if len(set(dtypes.values())) > 1:
         listed = ", ".join(f"{name} {dt}" for name, dt in dtypes.items())
         raise ValueError(f"need one dtype for all of them; got {listed} (cast explicitly)")
+
+
+def token_ids(name, ids, vocab):
+    """-> int64 [T]: every id a true integer (not a bool) in [0, vocab); TypeError or ValueError naming the bad ones.
+
+    A negative id would index the token table from its end and quietly run the wrong token, so it is refused."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise TypeError(f"{name} must be a 1-D array of integer token ids; got {ids.dtype} {ids.shape}")
+        out = ids.astype(np.int64, copy=False)
+    else:
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"{name} must be a sequence of token ids, not text (encode it first); got {ids[:20]!r}")
+        try:
+            items = list(ids)
+        except TypeError:
+            raise TypeError(f"{name} must be a sequence of token ids; got {type(ids).__name__}") from None
+        for i in items:
+            if isinstance(i, (bool, np.bool_)) or not hasattr(i, "__index__"):
+                raise TypeError(f"{name} must hold integer token ids; got {i!r} ({type(i).__name__})")
+        out = np.array([operator.index(i) for i in items], dtype=np.int64)
+    bad = out[(out < 0) | (out >= vocab)]
+    if bad.size:
+        raise ValueError(f"{name} must lie in [0, {vocab}); got {bad[:5].tolist()}")
+    return out

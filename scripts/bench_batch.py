@@ -33,7 +33,6 @@ from bench import kvlesson_decode  # noqa: E402  lesson 08's batch-1 decode step
 
 from kvlesson import configs, llama  # noqa: E402
 from kvlesson.costs import roofline
-from kvlesson.rope import apply_rope  # noqa: E402
 from kvlesson.sdpa import attention  # noqa: E402
 from kvlesson.serving import batch
 from kvlesson.text import long_text  # noqa: E402
@@ -89,23 +88,14 @@ class Prefilled:
             self.pool.free(s)
         return statistics.median(times)
 
-def loop_paged_step(h, Wq, Wk, Wv, pool, layer, at, H, Hkv, *, rope_base=None, interleaved=False):
-    """batch.paged_step with the attention as a Python loop over the sequences, each gathering its own pages and
-    calling kvlesson.attention (the projections are still one product per weight)."""
-    B, d = h.shape[0], pool.d
-    heads = slice(layer * Hkv, (layer + 1) * Hkv)
-    q = (h @ Wq).reshape(B, H, d).transpose(1, 0, 2)  # [H, B, d]
-    k = (h @ Wk).reshape(B, Hkv, d).transpose(1, 0, 2)
-    v = (h @ Wv).reshape(B, Hkv, d).transpose(1, 0, 2)
-    q = apply_rope(q, at.lengths - 1, rope_base, interleaved=interleaved)
-    k = apply_rope(k, at.lengths - 1, rope_base, interleaved=interleaved)
-    pool.k[heads, at.blocks, at.slots] = k
-    pool.v[heads, at.blocks, at.slots] = v
-    out = np.empty((B, H, d), h.dtype)
-    for i, (table, L) in enumerate(zip(at.tables, at.lengths, strict=True)):
-        K, V = batch.gather_pages(pool, heads, table[None, : -(-L // pool.block_size)])
-        out[i] = attention(q[:, i:i + 1], K[0, :, :L], V[0, :, :L])[:, 0]
-    return out.reshape(B, H * d)
+def loop_decode_attention(q, K, V, tables, lengths):
+    """batch.decode_attention as a Python loop over the sequences: each gathers its own pages (batch.pages) and calls
+    kvlesson.attention, one sequence at a time (the projections stay one product per weight for all)."""
+    out = np.empty_like(q)  # [H, B, d]
+    for b, (table, L) in enumerate(zip(tables, lengths, strict=True)):
+        Kb, Vb = batch.pages(K, V, table, L)  # [Hkv, L, d]
+        out[:, b : b + 1] = attention(q[:, b : b + 1], Kb, Vb)
+    return out
 
 
 def chunk_seconds(model, tokens):
@@ -126,7 +116,7 @@ def prefill_seconds(model, ids):
 def latencies(model, ids, n, max_batch):
     """Requests submitted together -> (time to first token of each, time per output token of each), seconds."""
     cfg = model.config
-    engine = batch.Engine(cfg, model.weights, n_blocks=sum(-(-(len(p) + n) // 16) for p in ids), max_batch=max_batch)
+    engine = batch.Batcher(cfg, model.weights, n_blocks=sum(-(-(len(p) + n) // 16) for p in ids), max_batch=max_batch)
     reqs = [engine.submit(p, n) for p in ids]
     first, last, t0 = {}, {}, time.perf_counter()
     while not engine.done:
@@ -237,7 +227,7 @@ def decode_tables(model, ids, args):
             row[f"chunk {B}"] = chunk_seconds(model, text[:B])
         for B in args.loop_batches:
             if B <= max(args.batches):
-                with mock.patch.object(batch, "paged_step", loop_paged_step):
+                with mock.patch.object(batch, "decode_attention", loop_decode_attention):
                     row[f"loop {B}"] = pre.decode(B, args.steps)
         row["prefill"] = prefill_seconds(model, model.tokenizer.encode(long_text())[:128])
         rounds.append(row)

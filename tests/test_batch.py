@@ -14,53 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlesson import llama
 from kvlesson import model as kvmodel
 from kvlesson.costs.tolerance import CHUNK_TOL
 from kvlesson.serving import batch
 from kvlesson.text import long_text
-
-TINY = kvmodel.tiny_config(n_layers=2, max_len=64)
-
-
-@st.composite
-def mixes(draw):
-    """Prompts of different lengths, some prefilled before others, then batched decode steps in which sequences
-    leave (freed) and new ones join."""
-    n = draw(st.integers(1, 4))
-    return dict(prompts=[draw(st.lists(st.integers(0, TINY.vocab - 1), min_size=1, max_size=9)) for _ in range(n)],
-                steps=draw(st.integers(1, 4)), leave=draw(st.integers(0, n - 1)), seed=draw(st.integers(0, 99)),
-                block_size=draw(st.integers(1, 5)))
+from kvlesson.weights.layout import fuse  # noqa: F401
+from tests.helpers import TINY, decode_matches_alone, mix_matches_alone, mixed_steps, mixes
 
 
 @settings(max_examples=40)
 @given(mixes())
 def test_batched_decode_equals_each_sequence_alone_in_float64(c):
-    w = kvmodel.random_weights(TINY, seed=c["seed"], dtype=np.float64)
-    pool = batch.model_pool(TINY, 64, c["block_size"], np.float64)
-    alone = {}  # sequence -> its own KVCache list, fed the same tokens through model.forward
-    seqs, tokens = [], []
-    for p in c["prompts"]:
-        s = pool.new_sequence()
-        mine = batch.prefill_step(TINY, w, pool, [s], [p])[0]
-        alone[s] = kvmodel.new_cache(TINY, np.float64, static=False)
-        np.testing.assert_allclose(mine, kvmodel.forward(TINY, w, p, alone[s])[-1], rtol=0, atol=1e-12)
-        seqs.append(s)
-        tokens.append(int(mine.argmax()))
-        if len(seqs) == 2:  # the first two start decoding before the others have joined
-            tokens[:2] = _decode_and_check(w, pool, seqs[:2], tokens[:2], alone)
-    for step in range(c["steps"]):
-        if step == 1 and c["leave"] and len(seqs) > 1:  # one sequence finishes and frees its blocks
-            pool.free(seqs.pop(c["leave"] % len(seqs)))
-            tokens.pop(c["leave"] % len(tokens))
-        tokens = _decode_and_check(w, pool, seqs, tokens, alone)
-
-
-def _decode_and_check(w, pool, seqs, tokens, alone):
-    logits = batch.decode_step(TINY, w, pool, seqs, tokens)  # [B, vocab]
-    for s, t, row in zip(seqs, tokens, logits, strict=True):
-        np.testing.assert_allclose(row, kvmodel.forward(TINY, w, [t], alone[s])[0], rtol=0, atol=1e-12)
-    return logits.argmax(axis=-1).tolist()
+    decode_matches_alone(c)
 
 
 @settings(max_examples=40)
@@ -83,12 +48,39 @@ def test_prompts_side_by_side_equal_each_prompt_alone_in_float64(prompts, seed, 
     assert [pool.length(s) for s in seqs] == [context + len(p) for p in prompts]
 
 
+@settings(max_examples=60)
+@given(mixed_steps())
+def test_one_forward_over_any_mix_equals_each_sequence_alone_in_float64(c):
+    """The one batched forward: sequence b brings T_b >= 0 new tokens onto its own pages, all in one call. Each
+    sequence's logits must equal model.forward on a KVCache of its own fed the same tokens, to 1e-12."""
+    mix_matches_alone(c)
+
+
+def test_a_step_that_does_not_fit_reserves_nothing():
+    """The step counts the blocks for every sequence before it reserves any: one that does not fit moves nothing."""
+    w = kvmodel.random_weights(TINY, seed=5)
+    pool = batch.model_pool(TINY, 4, 4)
+    a, b = pool.new_sequence(), pool.new_sequence()
+    batch.run(TINY, w, pool, [a, b], [[1, 2, 3], [4]])  # 2 blocks
+    before = (pool.blocks_free, pool.block_table(a), pool.length(a), pool.block_table(b), pool.length(b))
+    with pytest.raises(ValueError, match="out of blocks: this step needs 3 more .* and 2 of 4 are free"):
+        batch.run(TINY, w, pool, [a, b], [[1, 2], [1] * 8])  # a fits, b does not: neither may move
+    assert (pool.blocks_free, pool.block_table(a), pool.length(a), pool.block_table(b), pool.length(b)) == before
+    for new, error, words in [([[1], [2]], ValueError, "each sequence once"),
+                              ([[1, -3]], ValueError, "must lie in"), ([[1], [2], [3]], ValueError, "one count")]:
+        with pytest.raises(error, match=words):
+            batch.run(TINY, w, pool, [a, a] if len(new) == 2 else [a], new)
+    assert pool.blocks_free == before[0] and pool.length(a) == before[2]
+    with pytest.raises(ValueError, match="not in this pool"):
+        batch.run(TINY, w, pool, [99], [[1]])
+
+
 def test_every_block_comes_back_and_waiting_requests_join():
     w = kvmodel.random_weights(TINY, seed=1)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, TINY.vocab, size=n).tolist() for n in (3, 9, 1, 6, 4)]
     counts = [5, 2, 7, 1, 3]
-    engine = batch.Engine(TINY, w, n_blocks=8, block_size=4, max_batch=2)
+    engine = batch.Batcher(TINY, w, n_blocks=8, block_size=4, max_batch=2)
     ids = [engine.submit(p, n) for p, n in zip(prompts, counts, strict=True)]
     sizes = []
     while not engine.done:
@@ -104,7 +96,7 @@ def test_every_block_comes_back_and_waiting_requests_join():
 
 def test_a_request_waits_for_blocks_not_just_for_room():
     w = kvmodel.random_weights(TINY, seed=2)
-    engine = batch.Engine(TINY, w, n_blocks=3, block_size=4, max_batch=8)
+    engine = batch.Batcher(TINY, w, n_blocks=3, block_size=4, max_batch=8)
     a = engine.submit([1, 2, 3, 4, 5, 6, 7], 4)  # 7 + 3 positions: 3 blocks, the whole pool
     b = engine.submit([1], 2)
     engine.step()
@@ -117,19 +109,20 @@ def test_a_request_waits_for_blocks_not_just_for_room():
 @pytest.mark.parametrize("call, error, words", [
     (lambda e: e.submit([], 3), ValueError, "at least one prompt token"),
     (lambda e: e.submit([1, 2], -1), ValueError, "max_new_tokens must be at least 0"),
-    (lambda e: e.submit([1.5], 2), TypeError, "token id must be an integer"),
+    (lambda e: e.submit([1.5], 2), TypeError, "ids must hold integer token ids"),
+    (lambda e: e.submit([1, -1], 2), ValueError, r"ids must lie in \[0, 256\)"),
     (lambda e: e.submit(list(range(20)), 2), ValueError, "needs 6 blocks; the pool has 4"),
     (lambda e: e.submit([1] * 60, 5), ValueError, "exceed the context of 64 positions"),
 ])
 def test_bad_requests_are_refused(call, error, words):
-    engine = batch.Engine(TINY, kvmodel.random_weights(TINY), n_blocks=4, block_size=4)
+    engine = batch.Batcher(TINY, kvmodel.random_weights(TINY), n_blocks=4, block_size=4)
     with pytest.raises(error, match=words):
         call(engine)
     assert engine.done and not engine.results
 
 
 def test_zero_new_tokens_need_no_step():
-    engine = batch.Engine(TINY, kvmodel.random_weights(TINY), n_blocks=4, block_size=4)
+    engine = batch.Batcher(TINY, kvmodel.random_weights(TINY), n_blocks=4, block_size=4)
     r = engine.submit([1, 2], 0)
     assert engine.done and engine.results[r] == []
 
@@ -173,10 +166,10 @@ def test_batched_logits_equal_the_solo_run_within_float32_tolerance(model, promp
 
 @pytest.mark.parametrize("args, error, words", [
     (("not a list", 3), TypeError, "prompts must be a list of prompts"),
-    (([[1, 2], []], 3), ValueError, "prompt 1 is empty"),
+    (([[1, 2], []], 3), ValueError, r"prompts\[1\] is empty"),
     (([[1, 2], [3]], [1, 2, 3]), ValueError, "3 counts for 2 prompts"),
     (([[1, 2]], -1), ValueError, "max_new_tokens must be at least 0"),
-    (([[1, 2]], 8191), ValueError, "prompt 0: 2 prompt \\+ 8191 new tokens exceed the context of 8192"),
+    (([[1, 2]], 8191), ValueError, r"prompts\[0\]: 2 prompt \+ 8191 new tokens exceed the context of 8192"),
     (([[1, 99999]], 2), ValueError, r"prompts\[0\] must lie in \[0, 49152\)"),
     (([[1, 2]], 2, 0), ValueError, "max_batch must be at least 1"),
 ])
@@ -185,11 +178,6 @@ def test_generate_batch_checks_its_arguments(model, args, error, words):
     kwargs = {"max_batch": rest[0]} if rest else {}
     with pytest.raises(error, match=words):
         model.generate_batch(prompts, n, **kwargs)
-
-
-def test_the_fused_model_says_to_use_the_plain_one(model):
-    with pytest.raises(TypeError, match="plain weights"):
-        llama.FusedModel(model.config, {}, model.tokenizer).generate_batch([[1]], 1)
 
 
 @pytest.mark.slow

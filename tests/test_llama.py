@@ -99,11 +99,11 @@ def test_forward_returns_float32_logits(model):
 def test_no_float64_sneaks_into_the_forward_pass(model, monkeypatch):
     """A float64 norm weight or table would upcast everything after it; watch every layer's input and output."""
     seen = []
-    real_step, real_norm = kvmodel.step, kvmodel.rms_norm
+    real_qkv, real_norm = kvmodel.qkv, kvmodel.rms_norm
 
-    def step(x, *args, **kwargs):
-        out = real_step(x, *args, **kwargs)
-        seen.extend([x.dtype, out.dtype])
+    def qkv(cfg, w, b, h):
+        out = real_qkv(cfg, w, b, h)
+        seen.extend([h.dtype, *(a.dtype for a in out)])
         return out
 
     def rms_norm(x, w, eps):
@@ -111,10 +111,10 @@ def test_no_float64_sneaks_into_the_forward_pass(model, monkeypatch):
         seen.extend([x.dtype, w.dtype, out.dtype])
         return out
 
-    monkeypatch.setattr(kvmodel, "step", step)
+    monkeypatch.setattr(kvmodel, "qkv", qkv)
     monkeypatch.setattr(kvmodel, "rms_norm", rms_norm)
     assert model.forward([504, 3575]).dtype == np.float32
-    assert len(seen) == 2 * 30 + 3 * 61 and set(seen) == {np.dtype(np.float32)}
+    assert len(seen) == 4 * 30 + 3 * 61 and set(seen) == {np.dtype(np.float32)}
 
 
 def test_the_position_lives_in_the_caches(model):
@@ -190,7 +190,7 @@ def test_half_split_rope_is_the_wrong_convention_for_this_file(model):
     (lambda m: m.forward([-1]), ValueError, r"got \[-1\]"),
     (lambda m: m.forward([1.5]), TypeError, "integer token ids; got 1.5"),
     (lambda m: m.forward([True]), TypeError, "integer token ids; got True"),
-    (lambda m: m.forward("hello"), TypeError, "integer token ids; got 'h'"),
+    (lambda m: m.forward("hello"), TypeError, "not text \\(encode it first\\)"),
     (lambda m: m.forward([1], m.new_cache()[:3]), ValueError, "one cache per layer"),
     (lambda m: m.forward([1], 5), TypeError, "caches must be a list of 30 caches"),
     (lambda m: m.generate([1] * 8000, 500), ValueError, "exceed the context of 8192"),

@@ -13,17 +13,17 @@ import pytest
 
 import kvlesson.serving.batch
 import kvlesson.serving.padding
+from kvlesson import attention
 from kvlesson import model as kvmodel
 from kvlesson.sdpa import causal_mask
 from kvlesson.serving.paged import PagedKVCache
-from tests import test_batch, test_padding
-from tests.test_paged import play
+from tests.helpers import decode_matches_alone, errors, mix_matches_alone, play, reserve_without_copy
 
 CASE = dict(lengths=[5, 2, 3], steps=3, H=4, Hkv=2, d=8, D=16, rope_base=1e4, interleaved=False, seed=3)
 
 
 def test_the_unmutated_padded_batch_passes():
-    out, cache = test_padding.errors(CASE)
+    out, cache = errors(CASE)
     assert out < 1e-12 and cache < 1e-12
 
 
@@ -32,7 +32,7 @@ def test_pads_left_visible_are_caught():
         return np.broadcast_to(causal_mask(T, S), (len(pads), T, S))
 
     with mock.patch.object(kvlesson.serving.padding, "pad_mask", no_pad_mask):
-        out, _ = test_padding.errors(CASE)
+        out, _ = errors(CASE)
     assert out > 0.1
 
 
@@ -43,20 +43,8 @@ def test_rope_positions_counting_left_pads_are_caught_in_the_cache():
         return np.broadcast_to(np.arange(S - T, S), (len(pads), T))
 
     with mock.patch.object(kvlesson.serving.padding, "pad_positions", column_positions):
-        out, cache = test_padding.errors(CASE)
+        out, cache = errors(CASE)
     assert out < 1e-12 and cache > 0.1
-
-
-def reserve_without_copy(self, seq, T):
-    """The bug: grow the table, but write into the last block even when another sequence shares it."""
-    table, L, bs = self._table(seq), self._lens[seq], self.block_size
-    fresh = -(-(L + T) // bs) - len(table)
-    if fresh > self.blocks_free:
-        raise ValueError("out of blocks")
-    table.extend(self._take() for _ in range(fresh))
-    self._lens[seq] = L + T
-    p = np.arange(L, L + T)
-    return np.asarray(table, dtype=np.intp)[p // bs], p % bs
 
 
 FORK_THEN_BOTH_APPEND = [("new",), ("append", 0, 6), ("fork", 0), ("append", 0, 1), ("append", 1, 1)]
@@ -76,29 +64,46 @@ MIX = dict(prompts=[[3, 1, 4, 1, 5, 9], [2, 6], [5, 3, 5]], steps=3, leave=0, se
 
 
 def test_the_unmutated_batched_decode_passes():
-    test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
+    decode_matches_alone(MIX)
 
 
 def test_a_batched_decode_without_the_length_mask_is_caught():
     """Shorter sequences would attend over the rest of their last block and over the padding blocks."""
-    attend = kvlesson.serving.batch.batched_attention
+    real = kvlesson.serving.batch.decode_attention
 
-    def unmasked(q, K, V, mask):
-        return attend(q, K, V, np.ones_like(mask))
+    def unmasked(q, K, V, tables, lengths):
+        return real(q, K, V, tables, np.full_like(lengths, tables.shape[1] * K.shape[2]))
 
-    with mock.patch.object(kvlesson.serving.batch, "batched_attention", unmasked), pytest.raises(AssertionError):
-        test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
+    with mock.patch.object(kvlesson.serving.batch, "decode_attention", unmasked), pytest.raises(AssertionError):
+        decode_matches_alone(MIX)
+
+
+MIXED = dict(steps=[[3, 1, 0], [1, 4, 2], [1, 1, 1]], fork=1, seed=7, block_size=2, fused=False)
+
+
+def test_the_unmutated_mixed_step_passes():
+    mix_matches_alone(MIXED)
+
+
+def test_a_chunk_that_attends_over_its_whole_pages_is_caught():
+    """A prefill chunk onto earlier positions must use lesson 04's offset mask: without it, every query of the chunk
+    sees the chunk's later tokens."""
+    def everything(q, K, V, **kwargs):
+        return attention(q, K, V, mask=np.ones((q.shape[1], K.shape[1]), bool))
+
+    with mock.patch.object(kvlesson.serving.batch, "attention", everything), pytest.raises(AssertionError):
+        mix_matches_alone(MIXED)
 
 
 def test_one_position_for_the_whole_batch_is_caught():
     """RoPE at the longest sequence's position for every row: the decode-time twin of counting pads."""
-    real_rope = kvlesson.serving.batch.apply_rope
+    real = kvlesson.serving.batch.turn
 
-    def shared_rope(x, positions, base, *, interleaved=False):
-        return real_rope(x, np.full_like(positions, max(positions)), base, interleaved=interleaved)
+    def shared_rope(q, k, positions, base, interleaved):
+        return real(q, k, np.full_like(positions, max(positions)), base, interleaved)
 
-    with mock.patch.object(kvlesson.serving.batch, "apply_rope", shared_rope), pytest.raises(AssertionError):
-        test_batch.test_batched_decode_equals_each_sequence_alone_in_float64.hypothesis.inner_test(MIX)
+    with mock.patch.object(kvlesson.serving.batch, "turn", shared_rope), pytest.raises(AssertionError):
+        decode_matches_alone(MIX)
 
 
 def test_the_tiny_model_has_rope():

@@ -4,6 +4,7 @@ A tiny Llama-style GGUF file is written here with gguf.GGUFWriter (llama.cpp's o
 a 12-token vocabulary. It loads and runs like SmolLM2, and variants of it (a metadata key missing, a tensor
 missing, one wrong shape) must each be refused at load with a ModelFileError naming the culprit.
 """
+import json
 import os
 
 import numpy as np
@@ -105,7 +106,8 @@ def test_the_float32_copy_is_written_with_checksums_and_used_next_time(tmp_path,
     np.testing.assert_array_equal(first.forward([0, 1, 2]), second.forward([0, 1, 2]))
 
 
-@pytest.mark.parametrize("damage", ["overwrite 4 KiB", "empty file", "missing file", "bad manifest"])
+@pytest.mark.parametrize("damage", ["overwrite 4 KiB", "empty file", "missing file", "bad manifest",
+                                    "edited manifest", "manifest without files", "edited tokenizer"])
 def test_a_damaged_float32_copy_is_rebuilt_with_one_line_not_used(tmp_path, cache_dir, capsys, damage):
     """Before the manifest had checksums, 4 KiB of zeros in one array made SmolLM2 answer [0, 0, 0, 0]."""
     path = tiny_gguf(tmp_path / "tiny.gguf")
@@ -120,8 +122,19 @@ def test_a_damaged_float32_copy_is_rebuilt_with_one_line_not_used(tmp_path, cach
         victim.write_bytes(b"")
     elif damage == "missing file":
         victim.unlink()
-    else:
+    elif damage == "bad manifest":
         (folder / "manifest.json").write_text("{not json")
+    elif damage == "edited tokenizer":
+        tok = json.loads((folder / "tokenizer.json").read_text())
+        tok["tokenizer.ggml.eos_token_id"] = 3
+        (folder / "tokenizer.json").write_text(json.dumps(tok))
+    else:  # an edit that still parses: once it loaded silently and ran a model with one layer fewer
+        manifest = json.loads((folder / "manifest.json").read_text())
+        if damage == "edited manifest":
+            manifest["config"]["n_layers"] -= 1
+        else:
+            del manifest["files"]
+        (folder / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
     model = llama.load(path, sha256=None)
     said = capsys.readouterr().out
@@ -220,3 +233,16 @@ def test_a_wrong_checksum_copy_of_our_own_says_one_thing(cache_dir, monkeypatch,
     assert fetch.model_file() == (target, "fetched")
     said = capsys.readouterr().out
     assert "fails its checksum" in said and "Fetching a fresh copy" in said and "Delete it" not in said
+
+
+def test_a_damaged_file_in_a_read_only_cache_says_what_to_set(cache_dir, monkeypatch):
+    """It once ended in a bare PermissionError: the bad copy could be neither used nor replaced."""
+    cache_dir.mkdir(parents=True)
+    (cache_dir / fetch.FILENAME).write_bytes(b"half a download")
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(fetch.Path, "unlink", refuse)
+    with pytest.raises(fetch.ModelFileError, match="not writable. Set KVLESSON_CACHE_DIR"):
+        fetch.model_file()

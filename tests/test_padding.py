@@ -8,61 +8,9 @@ cache (a cache outlives its batch: the sequence may be decoded later in another 
 import numpy as np
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
-from kvlesson import KVCache, step
 from kvlesson.serving.padding import batched_attention, pad_left, pad_mask, pad_positions, padded_step
-
-
-@st.composite
-def batches(draw):
-    Hkv, G = draw(st.integers(1, 3)), draw(st.integers(1, 2))
-    return dict(lengths=draw(st.lists(st.integers(1, 7), min_size=1, max_size=4)), steps=draw(st.integers(0, 3)),
-                H=Hkv * G, Hkv=Hkv, d=draw(st.sampled_from([2, 4, 6])), D=draw(st.integers(1, 8)),
-                rope_base=draw(st.sampled_from([None, 10000.0, 100.0])), interleaved=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**32 - 1)))
-
-
-def weights(c):
-    rng = np.random.default_rng(c["seed"])
-    W = [rng.standard_normal((c["D"], n * c["d"])) / np.sqrt(c["D"]) for n in (c["H"], c["Hkv"], c["Hkv"])]
-    prompts = [rng.standard_normal((L, c["D"])) for L in c["lengths"]]  # [L_b, D] each
-    decode = rng.standard_normal((c["steps"], len(c["lengths"]), c["D"]))  # one new token per sequence per step
-    return W, prompts, decode
-
-
-def alone(c, b):
-    """Sequence b on its own KVCache -> (outputs [L_b + steps, H*d], K [Hkv, L_b + steps, d], V)."""
-    (Wq, Wk, Wv), prompts, decode = weights(c)
-    cache, kw = KVCache(c["Hkv"], c["d"]), dict(rope_base=c["rope_base"], interleaved=c["interleaved"])
-    outs = [step(prompts[b], Wq, Wk, Wv, cache, c["H"], c["Hkv"], **kw)]
-    outs += [step(decode[t, b][None], Wq, Wk, Wv, cache, c["H"], c["Hkv"], **kw) for t in range(c["steps"])]
-    return np.concatenate(outs), cache.k, cache.v
-
-
-def batched(c):
-    """All sequences in one left-padded batch -> per sequence (outputs, K, V) of its real columns."""
-    (Wq, Wk, Wv), prompts, decode = weights(c)
-    x, pads = pad_left(prompts)  # [B, T, D]
-    B, kw = len(prompts), dict(rope_base=c["rope_base"], interleaved=c["interleaved"])
-    K = V = np.zeros((B, c["Hkv"], 0, c["d"]))
-    out, K, V = padded_step(x, Wq, Wk, Wv, K, V, pads, c["H"], c["Hkv"], **kw)
-    outs = [out]
-    for t in range(c["steps"]):
-        out, K, V = padded_step(decode[t][:, None], Wq, Wk, Wv, K, V, pads, c["H"], c["Hkv"], **kw)
-        outs.append(out)
-    out = np.concatenate(outs, axis=1)  # [B, T + steps, H*d]
-    return [(out[b, p:], K[b, :, p:], V[b, :, p:]) for b, p in enumerate(pads)]
-
-
-def errors(c):
-    """(largest output error, largest cache error) over all sequences, batch against alone."""
-    worst_out = worst_cache = 0.0
-    for b, (out, K, V) in enumerate(batched(c)):
-        o, k, v = alone(c, b)
-        worst_out = max(worst_out, np.abs(out - o).max())
-        worst_cache = max(worst_cache, np.abs(K - k).max(), np.abs(V - v).max())
-    return worst_out, worst_cache
+from tests.helpers import alone, batched, batches, errors, padded_weights  # noqa: F401
 
 
 @given(batches())
@@ -99,7 +47,7 @@ def test_pad_positions_count_from_each_sequences_first_token():
 
 def test_float32_stays_float32():
     c = dict(lengths=[3, 1], steps=1, H=4, Hkv=2, d=4, D=8, rope_base=1e4, interleaved=True, seed=1)
-    (Wq, Wk, Wv), prompts, _ = weights(c)
+    (Wq, Wk, Wv), prompts, _ = padded_weights(c)
     x, pads = pad_left([p.astype(np.float32) for p in prompts])
     K = np.zeros((2, 2, 0, 4), np.float32)
     out, K2, _ = padded_step(x, *(W.astype(np.float32) for W in (Wq, Wk, Wv)), K, K, pads, 4, 2, rope_base=1e4)

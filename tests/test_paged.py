@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kvlesson import KVCache, step
 from kvlesson.serving.paged import PagedKVCache
-from tests.test_core_properties import layers, reference, run_chunks
+from tests.helpers import layers, play, reference, run_chunks, same, snapshot
 
 OPS = st.lists(st.tuples(
     st.sampled_from(["new", "append", "append", "append", "fork", "free"]),  # appends are the common case
@@ -22,65 +22,6 @@ OPS = st.lists(st.tuples(
 
 POOLS = st.fixed_dictionaries(dict(n_blocks=st.integers(1, 40), block_size=st.integers(1, 5),
                                    Hkv=st.integers(1, 2), d=st.integers(1, 3)))
-
-
-def snapshot(pool):
-    """Everything a refused call must leave alone: each sequence's table, length, keys and values; the free list."""
-    seqs = {s: (pool.block_table(s), pool.length(s), *(a.copy() for a in pool.gather(s))) for s in pool._tables}
-    return seqs, list(pool._free), list(pool.refs)
-
-
-def same(a, b):
-    (sa, fa, ra), (sb, fb, rb) = a, b
-    return fa == fb and ra == rb and sa.keys() == sb.keys() and all(
-        x[0] == y[0] and x[1] == y[1] and np.array_equal(x[2], y[2]) and np.array_equal(x[3], y[3])
-        for x, y in ((sa[s], sb[s]) for s in sa))
-
-
-def check_accounts(pool):
-    """refs[b] counts the tables that point at b; a block is free exactly when nobody points at it."""
-    counts = np.zeros(pool.n_blocks, int)
-    for table in pool._tables.values():
-        for b in table:
-            counts[b] += 1
-    assert counts.tolist() == pool.refs
-    assert sorted(pool._free) == [b for b in range(pool.n_blocks) if counts[b] == 0]
-
-
-def play(pool, ops, seed=0):
-    """Run the operations on the pool and on one KVCache per sequence; compare after each one."""
-    rng = np.random.default_rng(seed)
-    ref = {}  # sequence id -> KVCache
-    for op in ops:
-        live = sorted(ref)
-        if op[0] == "new" or not live:
-            ref[pool.new_sequence()] = KVCache(pool.Hkv, pool.d, pool.dtype)
-        elif op[0] == "append":
-            seq, T = live[op[1] % len(live)], op[2]
-            k, v = rng.standard_normal((2, pool.Hkv, T, pool.d)).astype(pool.dtype)  # [Hkv, T, d] each
-            before = snapshot(pool)
-            try:
-                K, V = pool.sequence(seq).append(k, v)
-            except ValueError as e:
-                assert "out of blocks" in str(e) and same(before, snapshot(pool)), "a refused append moved state"
-                continue
-            Kr, Vr = ref[seq].append(k, v)
-            assert np.array_equal(K, Kr) and np.array_equal(V, Vr)
-        elif op[0] == "fork":
-            parent = live[op[1] % len(live)]
-            child = pool.fork(parent)
-            ref[child] = KVCache(pool.Hkv, pool.d, pool.dtype)
-            ref[child].append(ref[parent].k, ref[parent].v)
-        else:
-            seq = live[op[1] % len(live)]
-            pool.free(seq)
-            del ref[seq]
-        check_accounts(pool)
-        for seq, cache in ref.items():
-            K, V = pool.gather(seq)
-            assert len(pool.sequence(seq)) == len(cache)
-            assert np.array_equal(K, cache.k) and np.array_equal(V, cache.v), f"sequence {seq} differs"
-    return ref
 
 
 @given(POOLS, OPS, st.integers(0, 2**32 - 1))

@@ -1,23 +1,24 @@
-"""Continuous batching on a paged KV pool: running sequences decode together, one matrix product per weight per step.
+"""Many sequences in one forward pass on one paged pool: paging is bookkeeping, the model's forward pass is the same.
 
-    engine = Engine(cfg, w, n_blocks=256, block_size=16, max_batch=8)
-    r = engine.submit(prompt_ids, max_new_tokens=20)
-    while not engine.done:
-        engine.step()                  # -> [(request, new token), ...]
-    engine.results[r]                  # what kvlesson.model.generate(cfg, w, prompt_ids, 20) gives
+    pool = model_pool(cfg, n_blocks)               # one PagedKVCache for the whole model
+    logits = run(cfg, w, pool, seqs, new_ids)      # sequence seqs[b] brings the tokens new_ids[b] (any number, even 0)
+
+`run` is kvlesson.model.forward with two things swapped in, as in vLLM, where the model runs one forward whatever
+the batch and the attention backend reads metadata:
+  - the caches: one view of the pool per layer (Step.layers), each naming that layer's KV heads;
+  - attend: this module's, which rotates each new token at its own sequence's position, writes its key and value into
+    its own sequence's block and slot, and attends each sequence's queries over its own pages only.
+All sequences' new tokens sit side by side, unpadded, in one [N, D] matrix that meets each weight once: decodes (one
+token each) and prefill chunks (many) alike. Step works out the bookkeeping once, before any layer runs.
 
 One PagedKVCache holds the whole model's cache (model_pool): its KV heads are all layers' KV heads, so one block
-holds block_size positions of every layer, and one block table and one reservation per step serve all layers, as in
-vLLM, where a block table belongs to a sequence, not to a layer.
+holds block_size positions of every layer, and one block table and one reservation per step serve all layers: a
+block table belongs to a sequence, not to a layer.
 
-One step:
-  1. admit waiting requests, first come first served, while the batch has room and the pool has every block the
-     request will ever need (so nothing has to be evicted later), and prefill them together (prefill_step): their
-     prompts side by side, unpadded, one matrix product per weight; each takes its first token from its last logits;
-  2. decode all running sequences at once (decode_step): their newest tokens form one [B, D] matrix that meets
-     each weight once; each sequence's query and key are rotated at its own position, its key and value go into
-     its own blocks, and its query attends over its own pages only;
-  3. retire the sequences that have all their tokens: their blocks go back to the pool for the next request.
+Batcher is lesson 09's continuous batching on top: it admits a request only when the pool holds every block the
+request will ever need (worst-case reservation), prefills new requests in a pass of their own, then decodes every
+running sequence in another. Lesson 13's scheduler (kvlesson.serving.Engine) admits on current need instead, and
+mixes prefill chunks with decodes in one pass.
 """
 import math
 from collections import deque
@@ -25,11 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvlesson import model as _model
 from kvlesson import validate
-from kvlesson.model import rms_norm, silu
-from kvlesson.rope import apply_rope
+from kvlesson.layer import turn
 from kvlesson.sdpa import attention
-from kvlesson.serving.padding import batched_attention
 from kvlesson.serving.paged import PagedKVCache
 
 
@@ -39,113 +39,134 @@ def model_pool(cfg, n_blocks, block_size=16, dtype=np.float32):
     return PagedKVCache(n_blocks, block_size, cfg.n_layers * cfg.Hkv, cfg.d, dtype)
 
 
+class Step:
+    """One forward pass over sequences of one model-wide pool, sequence seqs[b] bringing counts[b] >= 0 new tokens.
+
+    Made before any layer runs: it checks the request, reserves every block the pass needs (or refuses with
+    ValueError, changing nothing), and records what every layer's attention reads:
+        positions [N]       each new token's position in its own sequence: what RoPE turns it by
+        blocks, slots [N]   where its key and value go in the pool
+        tables [B, n]       each sequence's block table, padded with block 0 (never read: lengths say where it ends)
+        lengths [B]         positions each sequence holds once the step has written
+        counts [B]          its new tokens; starts [B] where they begin among the N
+    """
+
+    def __init__(self, pool, seqs, counts):
+        seqs = [validate.integer("seq", s) for s in seqs]
+        counts = [validate.integer("count", T) for T in counts]
+        if len(seqs) != len(counts) or len(set(seqs)) != len(seqs):
+            raise ValueError(f"need one count per sequence and each sequence once; got seqs {seqs}, counts {counts}")
+        need = sum(pool.needed(s, T) for s, T in zip(seqs, counts, strict=True))  # also checks every id is live
+        if need > pool.blocks_free:
+            raise ValueError(f"out of blocks: this step needs {need} more for {sum(counts)} new tokens of "
+                             f"{len(seqs)} sequences, and {pool.blocks_free} of {pool.n_blocks} are free")
+        before = [pool.length(s) for s in seqs]
+        where = [pool.reserve(s, T) for s, T in zip(seqs, counts, strict=True)]  # room is checked: none can fail
+        self.pool, self.seqs = pool, seqs
+        self.counts = np.array(counts, dtype=np.intp)  # [B]
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.intp)  # [B]
+        self.positions = np.concatenate([np.arange(L, L + T) for L, T in zip(before, counts, strict=True)] or
+                                        [np.zeros(0, np.intp)])  # [N]
+        self.blocks = np.concatenate([b for b, _ in where] or [np.zeros(0, np.intp)])  # [N]
+        self.slots = np.concatenate([s for _, s in where] or [np.zeros(0, np.intp)])  # [N]
+        self.tables, self.lengths = pool.block_tables(seqs)  # [B, n], [B]
+
+    @property
+    def last(self):
+        """[B'] the row, among the N, of the last new token of each sequence that brought any: whose logits count."""
+        return (self.starts + self.counts - 1)[self.counts > 0]
+
+    def layers(self, n_layers):
+        """One view of the pool per layer: the `caches` a forward pass over this step takes."""
+        Hkv = self.pool.Hkv // n_layers
+        return [LayerView(self, slice(i * Hkv, (i + 1) * Hkv)) for i in range(n_layers)]
+
+
 @dataclass(frozen=True)
-class Placement:
-    """Where one step's new tokens go and what each sequence reads: worked out once per step, used by every layer."""
+class LayerView:
+    """What one layer's attention needs of a Step: the step, and which of the pool's KV heads are this layer's."""
 
-    blocks: np.ndarray  # [N] the block of each new token, all sequences' new tokens side by side
-    slots: np.ndarray  # [N] and its slot there
-    tables: np.ndarray  # [B, n] the sequences' block tables, padded with block 0
-    lengths: np.ndarray  # [B] positions each sequence holds, its new ones included
+    step: Step
+    heads: slice
 
 
-def place(pool, seqs, counts):
-    """Reserve counts[b] more positions for sequence seqs[b], for all layers at once -> Placement."""
-    where = [pool.reserve(s, T) for s, T in zip(seqs, counts, strict=True)]
-    tables, lengths = pool.block_tables(seqs)
-    return Placement(np.concatenate([b for b, _ in where]), np.concatenate([s for _, s in where]), tables, lengths)
+def run(cfg, w, pool, seqs, new_ids):
+    """Sequence seqs[b] brings the token ids new_ids[b] (a list, maybe empty) -> [B', vocab] logits of the last new
+    token of each sequence that brought any, in order. One forward pass: one matrix product per weight for all."""
+    new_ids = [list(ids) for ids in new_ids]
+    ids = [i for chunk in new_ids for i in chunk]
+    validate.token_ids("new_ids", ids, cfg.vocab)  # before anything is reserved
+    step = Step(pool, seqs, [len(chunk) for chunk in new_ids])
+    return _model.forward(cfg, w, ids, step.layers(cfg.n_layers), attend=attend, rows=step.last)
+
+
+def attend(q, k, v, view, *, rope_base=None, interleaved=False):
+    """[H, N, d] queries, [Hkv, N, d] keys and values: every sequence's new tokens side by side -> [N, H*d].
+
+    kvlesson.layer.attend for a batch: each token is rotated at its own position, its key and value are written
+    into its own sequence's block and slot, and each sequence's queries attend over that sequence's pages only.
+    """
+    step, heads = view.step, view.heads
+    H, N, d = q.shape
+    if rope_base is not None:
+        q, k = turn(q, k, step.positions, rope_base, interleaved)
+    K, V = step.pool.k[heads], step.pool.v[heads]  # [Hkv, n_blocks, block_size, d] views of this layer
+    K[:, step.blocks, step.slots] = k  # [Hkv, N, d] into N (block, slot) places
+    V[:, step.blocks, step.slots] = v
+    out = np.empty_like(q)  # [H, N, d]
+    one = step.counts == 1  # decodes: one query each, all read together
+    if one.any():
+        rows = step.starts[one]
+        out[:, rows] = decode_attention(q[:, rows], K, V, step.tables[one], step.lengths[one])
+    for b in np.flatnonzero(step.counts > 1):  # prefill chunks: many queries over one sequence's pages
+        rows = slice(step.starts[b], step.starts[b] + step.counts[b])
+        Kb, Vb = pages(K, V, step.tables[b], step.lengths[b])  # [Hkv, L, d]
+        out[:, rows] = attention(q[:, rows], Kb, Vb)  # query i at L - T + i: lesson 04's offset mask
+    return out.transpose(1, 0, 2).reshape(N, H * d)
+
+
+def decode_attention(q, K, V, tables, lengths):
+    """[H, B, d] one query per sequence, one layer's pool K, V [Hkv, n_blocks, bs, d], tables [B, n], lengths [B]
+    -> [H, B, d]: each query over its own sequence's first lengths[b] positions.
+
+    numpy cannot multiply through a block table, so the pages are gathered into [Hkv, B, n * bs, d] first (a GPU
+    kernel reads them where they lie); the padding after each sequence's length is masked. Query head h reads KV
+    head h // G, as in kvlesson.attention.
+    """
+    H, B, d = q.shape
+    Hkv, _, bs, _ = K.shape
+    G = H // Hkv
+    S = tables.shape[1] * bs
+    Kp = np.take(K, tables, axis=1).reshape(Hkv, B, S, d)  # [Hkv, B, S, d], C order: np.take writes it so
+    Vp = np.take(V, tables, axis=1).reshape(Hkv, B, S, d)
+    qg = q.reshape(Hkv, G, B, d).transpose(0, 2, 1, 3)  # [Hkv, B, G, d]: the G query heads of each KV head
+    s = np.matvec(Kp[:, :, None], qg)  # [Hkv, B, G, S]
+    s *= 1 / math.sqrt(d)  # a Python float: float32 stays float32
+    s = np.where(np.arange(S) < lengths[:, None, None], s, -np.inf)  # a [B, 1, S] mask: each its own keys only
+    s -= s.max(axis=-1, keepdims=True)  # each sequence holds its new key, so every row keeps one
+    p = np.exp(s, out=s)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.vecmat(p, Vp[:, :, None])  # [Hkv, B, G, d]
+    return out.transpose(0, 2, 1, 3).reshape(H, B, d)
+
+
+def pages(K, V, table, length):
+    """One sequence's keys and values in position order: [Hkv, n_blocks, bs, d] pool views, its table -> [Hkv, L, d]."""
+    Hkv, _, bs, d = K.shape
+    n = -(-length // bs)  # blocks that hold its positions
+    return (np.take(K, table[:n], axis=1).reshape(Hkv, n * bs, d)[:, :length],
+            np.take(V, table[:n], axis=1).reshape(Hkv, n * bs, d)[:, :length])
 
 
 def decode_step(cfg, w, pool, seqs, tokens):
-    """[B] newest token of each sequence -> float32 [B, vocab] logits, one position appended to each sequence.
-
-    kvlesson.model.forward with B rows that belong to B different sequences: only the attention differs.
-    """
-    at = place(pool, seqs, [1] * len(seqs))  # one more position for every sequence, in every layer
-    x = w["token_embd.weight"][np.asarray(tokens, dtype=np.int64)]  # [B, D]
-    for i in range(cfg.n_layers):
-        b = f"blk.{i}."
-        h = rms_norm(x, w[b + "attn_norm.weight"], cfg.norm_eps)
-        a = paged_step(h, w[b + "attn_q.weight"], w[b + "attn_k.weight"], w[b + "attn_v.weight"], pool, i, at,
-                       cfg.H, cfg.Hkv, rope_base=cfg.rope_base, interleaved=cfg.rope_interleaved)  # [B, H*d]
-        x = x + a @ w[b + "attn_output.weight"]
-        h = rms_norm(x, w[b + "ffn_norm.weight"], cfg.norm_eps)
-        x = x + (silu(h @ w[b + "ffn_gate.weight"]) * (h @ w[b + "ffn_up.weight"])) @ w[b + "ffn_down.weight"]
-    x = rms_norm(x, w["output_norm.weight"], cfg.norm_eps)
-    return x @ w["output.weight"]  # [B, vocab]
-
-
-def paged_step(h, Wq, Wk, Wv, pool, layer, at, H, Hkv, *, rope_base=None, interleaved=False):
-    """[B, D], one new token for each sequence -> [B, H*d]. Lesson 03's step, for B sequences at once.
-
-    The weights see one [B, D] matrix. Everything after the projections is per sequence: the position (its own
-    length), the slot its key goes into (its own table), the keys it attends over (its own pages).
-    """
-    B, d = h.shape[0], pool.d
-    heads = slice(layer * Hkv, (layer + 1) * Hkv)  # this layer's KV heads in the pool
-    q = (h @ Wq).reshape(B, H, d).transpose(1, 0, 2)  # [H, B, d]: sequence b's one query sits in the T slot
-    k = (h @ Wk).reshape(B, Hkv, d).transpose(1, 0, 2)  # [Hkv, B, d]
-    v = (h @ Wv).reshape(B, Hkv, d).transpose(1, 0, 2)
-    if rope_base is not None:
-        positions = at.lengths - 1  # [B]: each sequence's own position for its new token
-        q = apply_rope(q, positions, rope_base, interleaved=interleaved)
-        k = apply_rope(k, positions, rope_base, interleaved=interleaved)
-    pool.k[heads, at.blocks, at.slots] = k  # [Hkv, B, d] into B (block, slot) places
-    pool.v[heads, at.blocks, at.slots] = v
-    K, V = gather_pages(pool, heads, at.tables)  # [B, Hkv, S, d]
-    mask = (np.arange(K.shape[2]) < at.lengths[:, None])[:, None, :]  # [B, 1, S]: each sequence's own keys only
-    out = batched_attention(q.transpose(1, 0, 2)[:, :, None], K, V, mask)  # [B, H, 1, d]
-    return out.reshape(B, H * d)
-
-
-def gather_pages(pool, heads, tables):
-    """[B, n] block tables -> K, V [B, Hkv, n * block_size, d]: each sequence's pages, for these KV heads.
-
-    A right-padded batch: shorter sequences are followed by whole blocks of padding (block 0, whatever it holds),
-    which the caller masks by length. A kernel such as vLLM's reads the blocks where they lie; numpy has to copy
-    them into one array first. np.take writes [Hkv, B, n, block_size, d] in C order (pool.k[:, tables] would not).
-    """
-    k, v = pool.k[heads], pool.v[heads]  # [Hkv, n_blocks, block_size, d] views
-    shape = (k.shape[0], tables.shape[0], tables.shape[1] * pool.block_size, pool.d)
-    K = np.take(k, tables, axis=1).reshape(shape).swapaxes(0, 1)  # a view, [B, Hkv, S, d]
-    V = np.take(v, tables, axis=1).reshape(shape).swapaxes(0, 1)
-    return K, V
+    """[B] newest token of each sequence -> [B, vocab] logits, one position appended to each sequence."""
+    return run(cfg, w, pool, seqs, [[t] for t in tokens])
 
 
 def prefill_step(cfg, w, pool, seqs, prompts):
-    """Prompts of different lengths, one per sequence -> float32 [len(seqs), vocab], each prompt's last logits.
-
-    No padding: the N tokens of all prompts sit side by side in one [N, D] matrix that meets each weight once; each
-    token is rotated at its own sequence's position, and each prompt attends over its own pages only, with lesson
-    04's offset mask (a sequence may already hold positions: then the prompt is a chunk after them). Only the last
-    token of each prompt needs logits, so the [N, vocab] product is never made.
-    """
-    counts = [len(p) for p in prompts]
-    before = [pool.length(s) for s in seqs]  # positions each sequence already holds
-    at = place(pool, seqs, counts)
-    positions = np.concatenate([np.arange(L, L + T) for L, T in zip(before, counts, strict=True)])  # [N]
-    ends = np.cumsum(counts)  # where each prompt ends in the side-by-side row
-    x = w["token_embd.weight"][np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts])]  # [N, D]
-    N, H, Hkv, d = x.shape[0], cfg.H, cfg.Hkv, cfg.d
-    for i in range(cfg.n_layers):
-        b, heads = f"blk.{i}.", slice(i * Hkv, (i + 1) * Hkv)
-        h = rms_norm(x, w[b + "attn_norm.weight"], cfg.norm_eps)
-        q = (h @ w[b + "attn_q.weight"]).reshape(N, H, d).transpose(1, 0, 2)  # [H, N, d]
-        k = (h @ w[b + "attn_k.weight"]).reshape(N, Hkv, d).transpose(1, 0, 2)  # [Hkv, N, d]
-        v = (h @ w[b + "attn_v.weight"]).reshape(N, Hkv, d).transpose(1, 0, 2)
-        if cfg.rope_base is not None:
-            q = apply_rope(q, positions, cfg.rope_base, interleaved=cfg.rope_interleaved)
-            k = apply_rope(k, positions, cfg.rope_base, interleaved=cfg.rope_interleaved)
-        pool.k[heads, at.blocks, at.slots] = k
-        pool.v[heads, at.blocks, at.slots] = v
-        K, V = gather_pages(pool, heads, at.tables)  # [B, Hkv, S, d]
-        a = np.concatenate([attention(q[:, e - T:e], K[j, :, :L], V[j, :, :L]).transpose(1, 0, 2).reshape(T, H * d)
-                            for j, (T, e, L) in enumerate(zip(counts, ends, at.lengths, strict=True))])  # [N, H*d]
-        x = x + a @ w[b + "attn_output.weight"]
-        h = rms_norm(x, w[b + "ffn_norm.weight"], cfg.norm_eps)
-        x = x + (silu(h @ w[b + "ffn_gate.weight"]) * (h @ w[b + "ffn_up.weight"])) @ w[b + "ffn_down.weight"]
-    x = rms_norm(x[ends - 1], w["output_norm.weight"], cfg.norm_eps)  # [B, D]: each prompt's last token
-    return x @ w["output.weight"]  # [B, vocab]
+    """One prompt (or chunk) per sequence -> [B, vocab]: each one's last logits, all in one forward pass. A sequence
+    may already hold positions: the chunk then goes on after them, under lesson 04's offset mask."""
+    return run(cfg, w, pool, seqs, prompts)
 
 
 @dataclass
@@ -157,8 +178,8 @@ class Request:
     seq: int | None = None  # its sequence id in the pool, once admitted
 
 
-class Engine:
-    """A continuous-batching scheduler over one paged pool for the whole model (greedy decoding, float32 default)."""
+class Batcher:
+    """Lesson 09's continuous batching over one paged pool for the whole model (greedy, float32 by default)."""
 
     def __init__(self, cfg, w, *, n_blocks, block_size=16, max_batch=64, dtype=np.float32):
         self.cfg, self.w = cfg, w
@@ -174,7 +195,7 @@ class Engine:
 
     def submit(self, ids, max_new_tokens):
         """Queue a prompt (a list of token ids) -> its request id. Its tokens appear in results once it is done."""
-        ids = [validate.integer("token id", i) for i in ids]
+        ids = validate.token_ids("ids", ids, self.cfg.vocab).tolist()  # before anything is queued
         n = validate.integer("max_new_tokens", max_new_tokens)
         if not ids:
             raise ValueError("need at least one prompt token to predict the next one")
@@ -249,7 +270,7 @@ def generate_batch(cfg, w, prompts, max_new_tokens, *, max_batch=64, block_size=
     if n_blocks is None:
         n_blocks = max(1, sum(math.ceil((len(p) + max(validate.integer("max_new_tokens", n), 1) - 1) / per_block)
                               for p, n in zip(prompts, counts, strict=True)))
-    engine = Engine(cfg, w, n_blocks=n_blocks, block_size=per_block, max_batch=max_batch)
+    engine = Batcher(cfg, w, n_blocks=n_blocks, block_size=per_block, max_batch=max_batch)
     ids = [engine.submit(p, n) for p, n in zip(prompts, counts, strict=True)]
     while not engine.done:
         engine.step()

@@ -36,8 +36,14 @@ class PagedKVCache:
         self.block_size = validate.integer("block_size", block_size, minimum=1)
         self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
         self.dtype = float_dtype(dtype)
-        self.k = np.zeros((Hkv, n_blocks, block_size, d), self.dtype)  # [Hkv, n_blocks, block_size, d]
-        self.v = np.zeros((Hkv, n_blocks, block_size, d), self.dtype)
+        shape = (self.Hkv, self.n_blocks, self.block_size, self.d)  # [Hkv, n_blocks, block_size, d]
+        try:
+            self.k, self.v = np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)
+        except MemoryError:
+            need = 2 * math.prod(shape) * self.dtype.itemsize
+            raise ValueError(f"a pool of n_blocks={n_blocks} blocks of {block_size} x {Hkv} KV heads x d={d} in "
+                             f"{self.dtype} needs {need / 2**30:,.1f} GiB, more than this machine can allocate; "
+                             "choose fewer blocks") from None
         self.refs = [0] * n_blocks  # how many block tables point at each block
         self._free = list(range(n_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
         self._tables, self._lens = {}, {}  # sequence id -> block table, -> positions written
@@ -114,6 +120,13 @@ class PagedKVCache:
 
     # ---- the two halves of an append
 
+    def needed(self, seq, T):
+        """Blocks that T more positions of `seq` would take from the free list: the new blocks it crosses into, and
+        one more when its last block is partly filled and shared (it is copied before it is written)."""
+        table, T = self._table(seq), validate.integer("T", T)
+        L, bs = self._lens[seq], self.block_size
+        return math.ceil((L + T) / bs) - len(table) + (T > 0 and L % bs != 0 and self.refs[table[-1]] > 1)
+
     def reserve(self, seq, T):
         """Make room for T more positions of `seq` -> (blocks [T], slots [T]), where they go.
 
@@ -121,13 +134,13 @@ class PagedKVCache:
         block is partly filled and shared (copy-on-write). Raises ValueError, changing nothing, when the pool
         has too few free blocks.
         """
-        table, T = self._table(seq), validate.integer("T", T)
-        L, bs = self._lens[seq], self.block_size
+        need = self.needed(seq, T)
+        if need > len(self._free):
+            raise ValueError(f"out of blocks: sequence {seq} needs {need} more to hold {self._lens[seq]} + T={T} "
+                             f"positions, and {len(self._free)} of {self.n_blocks} are free")
+        table, L, bs = self._tables[seq], self._lens[seq], self.block_size
         shared_tail = T > 0 and L % bs != 0 and self.refs[table[-1]] > 1
         fresh = math.ceil((L + T) / bs) - len(table)
-        if fresh + shared_tail > len(self._free):
-            raise ValueError(f"out of blocks: sequence {seq} needs {fresh + shared_tail} more to hold {L} + T={T} "
-                             f"positions, and {len(self._free)} of {self.n_blocks} are free")
         if shared_tail:  # copy-on-write: this sequence gets a private copy, the others keep the original
             old, new = table[-1], self._take()
             self.k[:, new], self.v[:, new] = self.k[:, old], self.v[:, old]

@@ -4,8 +4,10 @@ dequantizing again (about 0.5 GB for SmolLM2-135M).
 A copy is only ever used whole and intact:
   - it is written into a temporary folder and renamed into place at the end, so a crash never leaves half a
     copy; the temporary folder is removed whatever happens, a lost race or a full disk included;
-  - the manifest records every array's size and CRC-32 when it is written, and load() checks them all before
-    handing out a single array; any difference raises Damaged, and the caller rebuilds from the GGUF file.
+  - the manifest records every array's size and CRC-32 when it is written, and a CRC-32 of itself (a config
+    edited to 29 layers would otherwise load and run the wrong model); load() checks them all before handing out
+    a single array, and any difference, or a manifest it cannot read, raises Damaged: the caller rebuilds from
+    the GGUF file.
 CRC-32 (zlib) is there to catch accidental damage (a truncated or overwritten file), not tampering; checking
 all 538 MB takes about 0.15 s on the machine the project is developed on.
 """
@@ -14,7 +16,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 import zlib
 from pathlib import Path
 
@@ -22,8 +23,9 @@ import numpy as np
 
 from kvlesson.configs import Config
 from kvlesson.weights import layout
+from kvlesson.weights.fetch import remove_stale
 
-VERSION = "4"  # bump when the layout of the folder or the meaning of its config changes
+VERSION = "5"  # bump when the layout of the folder or the meaning of its config changes
 
 
 class Damaged(Exception):
@@ -41,7 +43,7 @@ def save(folder, config, weights, tokenizer_data, chat_template):
     tied = layout.is_tied(weights)
     names = sorted(n for n in weights if not (tied and n == "token_embd.weight"))
     folder.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(folder.parent)
+    remove_stale(folder.parent, ".f32-*")
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".f32-"))
     try:
         files = {}
@@ -49,10 +51,11 @@ def save(folder, config, weights, tokenizer_data, chat_template):
             path = tmp / f"{name}.npy"
             np.save(path, weights[name])  # a transposed view is saved in Fortran order, no copy
             files[name] = {"bytes": path.stat().st_size, "crc32": _crc32(path)}
+        tokenizer_json = json.dumps(tokenizer_data)
+        (tmp / "tokenizer.json").write_text(tokenizer_json)
         manifest = {"version": VERSION, "config": dataclasses.asdict(config), "chat_template": chat_template,
-                    "tied": tied, "files": files}
-        (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_data))
-        (tmp / "manifest.json").write_text(json.dumps(manifest))
+                    "tied": tied, "files": files, "tokenizer_crc32": zlib.crc32(tokenizer_json.encode())}
+        (tmp / "manifest.json").write_text(json.dumps({**manifest, "crc32": _crc_of(manifest)}))
         if folder.exists():  # an older or damaged copy: this one replaces it
             shutil.rmtree(folder)
         try:
@@ -70,37 +73,41 @@ def load(folder):
     folder = Path(folder)
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
-        tokenizer_data = json.loads((folder / "tokenizer.json").read_text())
+        tokenizer_text = (folder / "tokenizer.json").read_text()
     except FileNotFoundError as e:
         raise Damaged(f"{Path(e.filename).name} is missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise Damaged("its manifest is not valid JSON") from None
     if not isinstance(manifest, dict) or manifest.get("version") != VERSION:
         raise Damaged("it was written by another version of kvlesson")
-    for name, want in manifest["files"].items():
-        path = folder / f"{name}.npy"
-        size = path.stat().st_size if path.is_file() else None
-        if size != want["bytes"]:
-            raise Damaged(f"{path.name} has {size} bytes; {want['bytes']} were written")
-        if _crc32(path) != want["crc32"]:
-            raise Damaged(f"{path.name} fails its CRC-32: its bytes changed after it was written")
-    w = {name: np.asarray(np.load(folder / f"{name}.npy", mmap_mode="r")) for name in manifest["files"]}
+    written = manifest.pop("crc32", None)
+    if written != _crc_of(manifest):
+        raise Damaged("its manifest changed after it was written (its own CRC-32 does not match)")
+    try:
+        files, tied, template = manifest["files"], manifest["tied"], manifest["chat_template"]
+        config = Config(**manifest["config"])
+        if zlib.crc32(tokenizer_text.encode()) != manifest["tokenizer_crc32"]:
+            raise Damaged("tokenizer.json changed after it was written")
+        for name, want in files.items():
+            path = folder / f"{name}.npy"
+            size = path.stat().st_size if path.is_file() else None
+            if size != want["bytes"]:
+                raise Damaged(f"{path.name} has {size} bytes; {want['bytes']} were written")
+            if _crc32(path) != want["crc32"]:
+                raise Damaged(f"{path.name} fails its CRC-32: its bytes changed after it was written")
+    except (KeyError, TypeError, AttributeError) as e:
+        raise Damaged(f"its manifest is malformed ({type(e).__name__}: {e})") from None
+    w = {name: np.asarray(np.load(folder / f"{name}.npy", mmap_mode="r")) for name in files}
     if any(a.dtype != np.float32 for a in w.values()):
         raise Damaged("it holds an array that is not float32")
-    if manifest["tied"]:
+    if tied:
         w["token_embd.weight"] = w["output.weight"].T
-    return Config(**manifest["config"]), w, tokenizer_data, manifest["chat_template"]
+    return config, w, json.loads(tokenizer_text), template
 
 
-def _remove_stale(parent, age=3600):
-    """Temporary folders more than an hour old belong to a process that was killed mid-write."""
-    now = time.time()
-    for old in parent.glob(".f32-*"):
-        try:
-            if now - old.stat().st_mtime > age:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
-            pass
+def _crc_of(manifest):
+    """CRC-32 of the manifest's content, written in one canonical form."""
+    return zlib.crc32(json.dumps(manifest, sort_keys=True).encode())
 
 
 def _crc32(path):

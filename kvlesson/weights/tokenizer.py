@@ -3,8 +3,6 @@
 The file stores the vocabulary, the merges, each token's type and the name of its pre-tokenizer. Nothing is
 downloaded: the same file that holds the weights defines the text <-> ids mapping.
 """
-import operator
-
 from kvlesson import validate
 
 # tokenizer.ggml.pre names a pre-tokenizer; llama.cpp (src/llama-vocab.cpp) splits "smollm" text with
@@ -33,19 +31,7 @@ class Tokenizer:
 
     def check_ids(self, ids, name="ids"):
         """-> list[int]: every id a true integer in [0, len(self)); TypeError or ValueError naming the bad ones."""
-        try:
-            items = list(ids)
-        except TypeError:
-            raise TypeError(f"{name} must be a sequence of token ids; got {type(ids).__name__}") from None
-        out = []
-        for i in items:
-            if isinstance(i, bool) or not hasattr(i, "__index__"):
-                raise TypeError(f"{name} must hold integer token ids; got {i!r} ({type(i).__name__})")
-            out.append(operator.index(i))
-        bad = [i for i in out if not 0 <= i < len(self)]
-        if bad:
-            raise ValueError(f"{name} must lie in [0, {len(self)}); got {bad[:5]}")
-        return out
+        return validate.token_ids(name, ids, len(self)).tolist()
 
     def __len__(self):
         return self.hf.get_vocab_size()
