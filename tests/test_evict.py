@@ -1,4 +1,5 @@
-"""H2O and SnapKV caches through kvlesson.step (inside evict.scoring) equal one full pass that applies their rule.
+"""H2O and SnapKV caches through kvlesson.step (layer.attend hands them the queries) equal one full pass that
+applies their rule.
 
 The reference is a loop over positions, heads and keys with its own RoPE and softmax (tests/reference.py): it
 decides evictions token by token from the attention each key has received, so a chunked prefill that decided
@@ -11,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlesson import step
-from kvlesson.shrink.evict import H2OKVCache, ScoredKVCache, SnapKVCache, scoring
+from kvlesson import StaticKVCache, step
+from kvlesson.shrink.evict import H2OKVCache, ScoredKVCache, SnapKVCache
 from tests.reference import rope_one
 
 
@@ -110,11 +111,10 @@ def weights(c, dtype=np.float64):
 def run_chunks(c, cache, chunks=None, dtype=np.float64):
     x, Wq, Wk, Wv = weights(c, dtype)
     out, start = [], 0
-    with scoring():
-        for T in c["chunks"] if chunks is None else chunks:
-            out.append(step(x[start:start + T], Wq, Wk, Wv, cache, c["H"], c["Hkv"], rope_base=c["rope_base"],
-                            interleaved=c["interleaved"]))
-            start += T
+    for T in c["chunks"] if chunks is None else chunks:
+        out.append(step(x[start:start + T], Wq, Wk, Wv, cache, c["H"], c["Hkv"], rope_base=c["rope_base"],
+                        interleaved=c["interleaved"]))
+        start += T
     assert len(cache) == start
     return np.concatenate(out) if out else np.zeros((0, c["H"] * c["d"]), dtype)
 
@@ -127,8 +127,8 @@ def test_h2o_through_step_equals_one_pass_that_evicts_token_by_token(c):
     got = run_chunks(c, cache)
     want = h2o_pass(*weights(c), c["H"], c["Hkv"], c["heavy"], c["recent"], c["rope_base"], c["interleaved"])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
-    assert cache.positions.size == min(c["N"], c["heavy"] + c["recent"])  # the budget, once the text exceeds it
-    assert cache.nbytes == 2 * c["Hkv"] * cache.positions.size * c["d"] * 8
+    assert cache.held.size == min(c["N"], c["heavy"] + c["recent"])  # the budget, once the text exceeds it
+    assert cache.nbytes == 2 * c["Hkv"] * cache.held.size * c["d"] * 8
 
 
 @given(cases(), st.integers(1, 8), st.integers(1, 4), st.sampled_from([1, 3, 5]))
@@ -142,7 +142,7 @@ def test_snapkv_through_step_equals_one_pass_that_compresses_the_prompt(c, keep,
     got = run_chunks(c, cache)
     want = snapkv_pass(*weights(c), c["H"], c["Hkv"], prompt, keep, voters, pool, c["rope_base"], c["interleaved"])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
-    assert cache.positions.size == (min(prompt, keep) + c["N"] - prompt if prompt else 0)
+    assert cache.held.size == (min(prompt, keep) + c["N"] - prompt if prompt else 0)
 
 
 def test_a_cache_that_keeps_everything_is_full_attention_and_records_the_weights():
@@ -179,17 +179,17 @@ def test_h2o_keeps_what_attention_used_and_a_window_would_have_dropped():
     for p in range(10):
         cache.observe(q[:, p:p + 1])
         cache.append(k[:, p:p + 1], v[:, p:p + 1])
-    assert cache.positions.tolist() == [0, 8, 9]
+    assert cache.held.tolist() == [0, 8, 9]
 
 
 def test_without_queries_an_append_is_refused_by_name_and_changes_nothing():
     cache = H2OKVCache(1, 2, 1, 1)
-    with pytest.raises(ValueError, match="scoring()"):
+    with pytest.raises(ValueError, match="call observe"):
         cache.append(np.ones((1, 2, 2)), np.ones((1, 2, 2)))
     cache.observe(np.ones((2, 3, 2)))
     with pytest.raises(ValueError, match="queries of T=3 tokens"):
         cache.append(np.ones((1, 2, 2)), np.ones((1, 2, 2)))
-    assert len(cache) == 0 and cache.positions.size == 0
+    assert len(cache) == 0 and cache.held.size == 0
     for q, words in [(np.ones((3, 1, 2)), "multiple of Hkv"), (np.ones((2, 1, 3)), "d=2"),
                      (np.ones((1, 1, 2), np.float32), "cast explicitly"), (np.ones((1, 2), int), "floating")]:
         with pytest.raises((ValueError, TypeError), match=words):
@@ -252,6 +252,17 @@ def test_a_compressed_prompt_cannot_be_rolled_back_into():
     rng = np.random.default_rng(0)
     cache.observe(rng.standard_normal((1, 6, 2)))
     cache.append(*rng.standard_normal((2, 1, 6, 2)))
-    assert cache.positions.size == 3 and cache.votes.shape == (5,)
+    assert cache.held.size == 3 and cache.votes.shape == (5,)
     with pytest.raises(ValueError, match="roll back only to position 6"):
         cache.truncate(5)
+
+
+def test_every_cache_may_be_shown_the_queries_and_only_an_evicting_one_keeps_them():
+    """observe(q) is part of the protocol: a plain cache ignores it (nothing moves), a scored one needs it."""
+    q = np.ones((2, 3, 4))
+    plain = StaticKVCache(1, 4, 8, np.float64)
+    assert plain.observe(q) is None and len(plain) == 0
+    scored = ScoredKVCache(1, 4)
+    scored.observe(q)
+    K, _ = scored.append(np.ones((1, 3, 4)), np.ones((1, 3, 4)))
+    assert K.shape == (1, 3, 4) and scored.weights.shape == (2, 3, 3)

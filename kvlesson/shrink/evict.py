@@ -10,29 +10,27 @@ A window with sinks keeps positions for where they are. These caches keep the on
 Both decide from the attention that tokens so far have paid, so a token no query has needed yet goes first,
 however much a later query will need it.
 
-The cache protocol (kvlesson.cache) hands a cache keys and values, never queries, and these caches need the
-queries. So they add one optional part, observe(q): the queries of the next append, rotated as they will attend.
-Inside `scoring()`, kvlesson.step calls it; outside, an append without its queries is refused by name.
+These caches need the queries as well as the keys and values. The cache protocol's optional observe(q) brings
+them: kvlesson.layer.attend (so step and every model's forward pass) hands each append's queries over, rotated as they
+will attend, just before the append. An append without its queries is refused by name.
 Each cache evicts a position from every KV head at once, ranked by all H query heads together, because one
 bool [T, S] mask serves all heads; the papers rank per head. Kept keys stay at their text positions.
 """
-import contextlib
 import math
 
 import numpy as np
 
-from kvlesson import layer, validate
+from kvlesson import validate
 from kvlesson.cache import Cache
-from kvlesson.rope import apply_rope
 
-__all__ = ["ScoredKVCache", "H2OKVCache", "SnapKVCache", "scoring"]
+__all__ = ["ScoredKVCache", "H2OKVCache", "SnapKVCache"]
 
 
 class ScoredKVCache(Cache):
     """A cache that watches attention: it keeps every token and records what each query paid to each key.
 
-    observe(q) q [H, T, d], the rotated queries of the next append (scoring() makes kvlesson.step call it)
-    positions  int [m], the text positions of the keys it holds, oldest first
+    observe(q) q [H, T, d], the rotated queries of the next append (kvlesson.layer.attend hands them over)
+    held       int [m], the text positions of the keys it holds, oldest first
     received   float64 [m]: the attention each held key has received, summed over queries and query heads
     weights    float64 [H, T, S]: the attention of the last append's queries over the keys it handed back
     A subclass evicts by overriding _rule.
@@ -40,7 +38,7 @@ class ScoredKVCache(Cache):
 
     def __init__(self, Hkv, d, dtype=np.float64):
         super().__init__(Hkv, d, dtype)
-        self.positions = np.zeros(0, np.int64)  # [m]
+        self.held = np.zeros(0, np.int64)  # [m]
         self.k = np.zeros((Hkv, 0, d), self.dtype)  # [Hkv, m, d]
         self.v = np.zeros((Hkv, 0, d), self.dtype)
         self.received = np.zeros(0)  # [m]
@@ -64,17 +62,17 @@ class ScoredKVCache(Cache):
         if q is None or q.shape[1] != T:
             got = "none were" if q is None else f"queries of T={q.shape[1]} tokens were"
             raise ValueError(f"{type(self).__name__} ranks keys by attention, so it needs the queries of these T={T} "
-                             f"tokens before their keys ({got} observed): run the model inside "
-                             "kvlesson.shrink.evict.scoring(), or call observe(q) first")
+                             f"tokens before their keys ({got} observed): kvlesson.layer.attend hands them "
+                             "over; appending by hand, call observe(q) first")
         n = self._seen
         K = np.concatenate([self.k, k_new], axis=1)  # [Hkv, S, d]
         V = np.concatenate([self.v, v_new], axis=1)
-        positions = np.concatenate([self.positions, np.arange(n, n + T)])  # [S]
+        positions = np.concatenate([self.held, np.arange(n, n + T)])  # [S]
         before = np.concatenate([self.received, np.zeros(T)])  # [S]
         mask, keep, weights, floor = self._rule(_scores(q, K), positions)
         received = _accumulate(before, weights)
         # only now, with everything decided, does the state move
-        self.k, self.v, self.positions, self.received = K[:, keep], V[:, keep], positions[keep], received[keep]
+        self.k, self.v, self.held, self.received = K[:, keep], V[:, keep], positions[keep], received[keep]
         self.weights, self._queries = weights, None
         self._last = (n, positions, before, mask, floor)
         self._seen += T
@@ -92,7 +90,7 @@ class ScoredKVCache(Cache):
         T = validate.integer("T", T)
         if self._last is None or self._last[3].shape[0] != T:
             if T == 0:
-                return np.zeros((0, self.positions.size), bool)
+                return np.zeros((0, self.held.size), bool)
             raise ValueError(f"mask(T={T}) answers for the last append of {type(self).__name__}, which brought "
                              f"{0 if self._last is None else self._last[3].shape[0]} tokens")
         return self._last[3]
@@ -107,9 +105,9 @@ class ScoredKVCache(Cache):
         start, positions, before, mask, floor = self._last
         rows = n - start  # the last append's queries that stay
         received = _accumulate(before, self.weights[:, :rows])  # [S]
-        keep = np.isin(positions, self.positions) & (positions < n)
-        self.k, self.v = self.k[:, self.positions < n].copy(), self.v[:, self.positions < n].copy()
-        self.positions, self.received = positions[keep], received[keep]
+        keep = np.isin(positions, self.held) & (positions < n)
+        self.k, self.v = self.k[:, self.held < n].copy(), self.v[:, self.held < n].copy()
+        self.held, self.received = positions[keep], received[keep]
         self.weights = self.weights[:, :rows, : mask.shape[1] - (self._seen - n)]
         self._last = (start, positions[: positions.size - (self._seen - n)], before[: before.size - (self._seen - n)],
                       mask[:rows, : mask.shape[1] - (self._seen - n)], floor)
@@ -233,23 +231,3 @@ def _softmax(scores, mask):
     s = np.where(mask, scores, -np.inf)
     e = np.exp(s - s.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
-
-
-@contextlib.contextmanager
-def scoring():
-    """Within it, kvlesson.step hands every ScoredKVCache the queries of each append, rotated at their positions as
-    attention will use them, just before the keys. The cache protocol has no such hook; this one replaces
-    kvlesson.layer.attend for as long as it lasts (so a model's forward pass needs no change)."""
-    plain = layer.attend
-
-    def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
-        if isinstance(cache, ScoredKVCache):
-            positions = np.arange(len(cache), len(cache) + q.shape[1])  # where attend will rotate them
-            cache.observe(q if rope_base is None else apply_rope(q, positions, rope_base, interleaved=interleaved))
-        return plain(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
-
-    layer.attend = attend
-    try:
-        yield
-    finally:
-        layer.attend = plain
