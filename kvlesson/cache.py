@@ -22,6 +22,8 @@ without it has, so that nothing has to be probed for:
     truncate(n)                      keep the first n positions, as if the rest had never been appended (speculative
                                      decoding rolls a cache back this way); ValueError, naming how far back it can go,
                                      when a cache cannot
+    observe(q)                       q [H, T, d]: the next append's queries, rotated, handed over just before it;
+                                     ignored unless the cache evicts by attention (kvlesson.shrink.evict)
 
 A rejected append or truncate raises ValueError (or TypeError) and leaves the cache exactly as it was.
 """
@@ -75,6 +77,10 @@ class Cache:
     def mask(self, T: int) -> np.ndarray | None:
         """None: the T newest queries see the keys handed back by the offset causal mask (and the window)."""
         return None
+
+    def observe(self, q: np.ndarray) -> None:
+        """q [H, T, d]: the next append's queries, rotated where attention will use them, handed over just before it.
+        Most caches have no use for them; one that evicts by attention (kvlesson.shrink.evict) scores its keys."""
 
     def truncate(self, n: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot roll back")

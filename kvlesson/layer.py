@@ -57,6 +57,8 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: CacheLike, *, win
         own = isinstance(cache, Cache)
         positions = cache.positions(T) if own else np.arange(len(cache), len(cache) + T)  # S - T + i, absolute
         q, k = turn(q, k, positions, rope_base, interleaved)
+    if isinstance(cache, Cache):
+        cache.observe(q)  # a cache that evicts by attention needs the queries before the keys arrive
     K, V = cache.append(k, v)  # [Hkv, S, d]
     mask = cache.mask(T) if isinstance(cache, Cache) else None  # a cache's own rule includes any window it has
     out = attention(q, K, V, window=window if mask is None else None, mask=mask)

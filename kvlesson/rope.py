@@ -14,18 +14,48 @@ from numpy.typing import ArrayLike
 from kvlesson import validate
 
 
-def inv_freq(d: int, base: float = 10000.0, scaling: dict | None = None) -> np.ndarray:
+def inv_freq(
+    d: int, base: float = 10000.0, scaling: dict | None = None, length: int | None = None
+) -> np.ndarray:
     """-> float64 [d/2]: the frequency ladder, base**(-2m/d) radians per position for pair m.
 
     scaling: None, or the `rope_scaling` dict of a model's config.json, which stretches the ladder for a longer
-    context: "linear" (every frequency / factor), "llama3" (Llama 3.1) or "yarn" (YaRN, arXiv 2309.00071).
-    Only the frequencies: YaRN's attention factor scales the scores, not the ladder, and is not returned here.
+    context: "linear" (position interpolation: every frequency / factor), "llama3" (Llama 3.1), "yarn" (YaRN, arXiv
+    2309.00071), "dynamic" (dynamic NTK: the base grows with the current length) or "ntk" (NTK-aware: one larger base;
+    kvlesson's name, since a config that uses it simply states a larger rope_theta).
+    length: the sequence length so far, which only "dynamic" reads (None: within the original context).
+    Only the frequencies: YaRN's attention factor scales q and k, not the ladder (see attention_factor).
     """
     d, base = validate.integer("d", d, minimum=2), validate.positive("base", base)
     if d % 2:
         raise ValueError(f"RoPE rotates pairs of dimensions, so d must be even; got d={d}")
+    length = None if length is None else validate.integer("length", length, minimum=1)
     ladder = _ladder(d, base)
-    return ladder.copy() if scaling is None else _scaled(ladder, d, base, scaling)
+    return ladder.copy() if scaling is None else _scaled(ladder, d, base, scaling, length)
+
+
+def attention_factor(scaling):
+    """-> float: how much a scaling rule multiplies q and k (and so every logit by its square); 1.0 for all but YaRN.
+
+    YaRN sharpens attention with a temperature t < 1, sqrt(1/t) = 0.1 ln(factor) + 1 (arXiv 2309.00071, section 3.4):
+    transformers multiplies cos and sin by that number, so both q and k grow by it. A config may state the factor
+    ("attention_factor"), or DeepSeek's pair ("mscale", "mscale_all_dim") as a ratio of two such numbers.
+    """
+    if scaling is None:
+        return 1.0
+    kind = _kind(scaling)
+    if kind != "yarn":
+        return 1.0
+    if "attention_factor" in scaling:
+        return _number(scaling, "attention_factor")
+    factor = _number(scaling, "factor")
+
+    def mscale(weight):  # the paper's 0.1 ln(s) + 1, with a weight on the log as DeepSeek's configs give it
+        return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(_number(scaling, "mscale")) / mscale(_number(scaling, "mscale_all_dim"))
+    return mscale(1.0)
 
 
 @functools.lru_cache(maxsize=32)
@@ -35,15 +65,18 @@ def _ladder(d, base):
     return ladder
 
 
-def _scaled(ladder, d, base, scaling):
-    """The ladder stretched by a config.json rope_scaling dict (keys as Hugging Face configs spell them)."""
+def _kind(scaling):
     if not isinstance(scaling, dict):
         raise TypeError(f"scaling must be a config.json rope_scaling dict or None; got {type(scaling).__name__}")
     kind = scaling.get("rope_type", scaling.get("type"))  # older configs call it "type"
-    rules = {"linear": _linear, "llama3": _llama3, "yarn": _yarn}
-    if kind not in rules:
-        raise ValueError(f"scaling rope_type must be one of {sorted(rules)}; got rope_type={kind!r}")
-    return rules[kind](ladder, d, base, scaling)
+    if kind not in _RULES:
+        raise ValueError(f"scaling rope_type must be one of {sorted(_RULES)}; got rope_type={kind!r}")
+    return kind
+
+
+def _scaled(ladder, d, base, scaling, length=None):
+    """The ladder stretched by a config.json rope_scaling dict (keys as Hugging Face configs spell them)."""
+    return _RULES[_kind(scaling)](ladder, d, base, scaling, length)
 
 
 def _number(scaling, key, default=None):
@@ -53,12 +86,12 @@ def _number(scaling, key, default=None):
     return validate.positive(f"rope_scaling[{key!r}]", scaling.get(key, default))
 
 
-def _linear(ladder, d, base, scaling):
+def _linear(ladder, d, base, scaling, length):
     """Position interpolation: every frequency divided by the factor, so position p turns like p / factor."""
     return ladder / _number(scaling, "factor")
 
 
-def _llama3(ladder, d, base, scaling):
+def _llama3(ladder, d, base, scaling, length):
     """Llama 3.1's rule: pairs with wavelengths shorter than original / high_freq_factor are kept, longer than
     original / low_freq_factor are divided by the factor, and in between the two are blended linearly in
     original / wavelength (the number of turns a pair makes over the original context)."""
@@ -72,11 +105,14 @@ def _llama3(ladder, d, base, scaling):
     return np.where(wavelength < original / high, ladder, np.where(wavelength > original / low, ladder / factor, blend))
 
 
-def _yarn(ladder, d, base, scaling):
+def _yarn(ladder, d, base, scaling, length):
     """YaRN's frequencies: pairs that turn more than beta_fast times over the original context are kept, pairs
     that turn fewer than beta_slow times are divided by the factor, with a linear ramp over the pair index between."""
     factor, original = _number(scaling, "factor"), _number(scaling, "original_max_position_embeddings")
     beta_fast, beta_slow = _number(scaling, "beta_fast", 32.0), _number(scaling, "beta_slow", 1.0)
+    if beta_fast < beta_slow:  # the ramp would run backwards: fast pairs divided, slow ones kept
+        raise ValueError(f"rope_scaling needs beta_fast >= beta_slow (turns over the original context that mark the "
+                         f"kept and the divided pairs); got beta_fast={beta_fast}, beta_slow={beta_slow}")
 
     def pair_turning(turns):  # the (fractional) pair index m that makes `turns` full turns in `original` positions
         return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
@@ -92,6 +128,27 @@ def _yarn(ladder, d, base, scaling):
         hi += 0.001  # as the reference implementation does: a ramp needs some width
     ramp = np.clip((np.arange(d // 2) - lo) / (hi - lo), 0, 1)  # 0: keep the pair, 1: divide by the factor
     return ladder / factor * ramp + ladder * (1 - ramp)
+
+
+def _ntk(ladder, d, base, scaling, length):
+    """NTK-aware scaling: one larger base, base * factor**(d / (d - 2)), so the slowest pair turns exactly factor
+    times slower while the fastest (m = 0) keeps its frequency; the pairs between stretch by a smooth power law."""
+    if d == 2:
+        raise ValueError("NTK-aware scaling needs d >= 4: with one pair, base**(d / (d - 2)) has no exponent")
+    return _ladder(d, base * _number(scaling, "factor") ** (d / (d - 2))).copy()
+
+
+def _dynamic(ladder, d, base, scaling, length):
+    """Dynamic NTK: within the original context the trained ladder; past it, NTK-aware with the factor that would
+    fit the current length, base * (factor * length / original - (factor - 1))**(d / (d - 2)), as transformers
+    computes it."""
+    factor, original = _number(scaling, "factor"), _number(scaling, "original_max_position_embeddings")
+    if length is None or length <= original:
+        return ladder.copy()
+    return _ntk(ladder, d, base, {"factor": factor * length / original - (factor - 1)}, length)
+
+
+_RULES = {"linear": _linear, "llama3": _llama3, "yarn": _yarn, "ntk": _ntk, "dynamic": _dynamic}
 
 
 def rope_angles(positions, d, base=10000.0):

@@ -154,3 +154,37 @@ def test_bad_weights_config_or_cache_are_named_and_the_cache_does_not_move():
         mla.bytes_per_token({"num_hidden_layers": 2, "qk_rope_head_dim": 4})
     with pytest.raises(TypeError, match="num_hidden_layers"):
         mla.bytes_per_token({**mla.DEEPSEEK_V3, "num_hidden_layers": 61.5})
+
+
+@pytest.mark.parametrize("b, error, words", [
+    (-2, ValueError, "bytes_per_element must be finite and above 0"),
+    (0, ValueError, "bytes_per_element must be finite and above 0"),
+    (float("nan"), ValueError, "bytes_per_element must be finite and above 0"),
+    ("2", TypeError, "bytes_per_element must be a real number"),
+    (True, TypeError, "bytes_per_element must be a real number"),
+])
+def test_bytes_per_element_is_checked(b, error, words):
+    """Issue 19: -2 gave -70,272 bytes and '2' a 35,136-character string."""
+    for price in (mla.bytes_per_token, mla.mha_bytes_per_token):
+        with pytest.raises(error, match=words):
+            price(mla.DEEPSEEK_V3, b)
+
+
+def test_a_number_may_take_a_fraction_of_a_byte():
+    assert mla.bytes_per_token(mla.DEEPSEEK_V3, 0.5) == 61 * 576 / 2 == 17_568
+    assert isinstance(mla.bytes_per_token(mla.DEEPSEEK_V3, 0.5), int)  # whole counts come back as int
+    odd = {**mla.DEEPSEEK_V3, "num_hidden_layers": 3, "kv_lora_rank": 45, "qk_rope_head_dim": 8}
+    assert mla.bytes_per_token(odd, 0.5) == 79.5
+
+
+def test_absorbed_decode_is_cheaper_than_re_expanding_every_step():
+    """DeepSeek-V3 at S cached tokens, by hand: re-expanding costs S x 512 x 128 x (128 + 128) multiply-adds to build
+    K and V, then the attention itself; absorbed attention is multi-query over one 576-wide head."""
+    for S in (1, 4096, 32768):
+        flops = mla.decode_flops(mla.DEEPSEEK_V3, S)
+        assert flops["expand"] == 2 * (S * 512 * 128 * 256 + S * 128 * 192 + S * 128 * 128)
+        assert flops["absorbed"] == 2 * (S * 128 * 576 + S * 128 * 512 + 128 * 128 * 512 + 128 * 512 * 128)
+    big = mla.decode_flops(mla.DEEPSEEK_V3, 32768)
+    assert big["expand"] > 100 * big["absorbed"]
+    with pytest.raises(ValueError, match="S must be at least 0"):
+        mla.decode_flops(mla.DEEPSEEK_V3, -1)

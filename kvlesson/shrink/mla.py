@@ -34,9 +34,10 @@ def bytes_per_token(config, bytes_per_element=2):
     """A config.json dict of an MLA model -> cache bytes one token adds: layers x (kv_lora_rank + qk_rope_head_dim).
 
     One latent and one RoPE key per token and layer, shared by every head; no factor 2, there is no separate V.
+    bytes_per_element may be fractional: 0.5 for 4-bit codes, 34 / 32 for int8 with one 16-bit scale per 32.
     """
     layers, r, dr = _fields(config, "num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim")
-    return _whole(layers * (r + dr) * bytes_per_element)
+    return _whole(layers * (r + dr) * _element(bytes_per_element))
 
 
 def mha_bytes_per_token(config, bytes_per_element=2, kv_heads=None):
@@ -44,7 +45,25 @@ def mha_bytes_per_token(config, bytes_per_element=2, kv_heads=None):
     layers, H, dn, dr, dv = _fields(config, "num_hidden_layers", "num_attention_heads", "qk_nope_head_dim",
                                     "qk_rope_head_dim", "v_head_dim")
     heads = H if kv_heads is None else validate.integer("kv_heads", kv_heads, minimum=1)
-    return _whole(layers * heads * (dn + dr + dv) * bytes_per_element)
+    return _whole(layers * heads * (dn + dr + dv) * _element(bytes_per_element))
+
+
+def decode_flops(config, S):
+    """-> {"expand": ..., "absorbed": ...}: the FLOPs (2 per multiply-add) one decode step spends in one layer's
+    attention over S cached tokens, from the latents on (the query and output projections, the same in both, left
+    out).
+
+    expand    re-expand every cached latent into 128 heads' K and V (S x r x H x (dn + dv)), then attend (S x H x
+              (dn + dr) for scores, S x H x dv for outputs);
+    absorbed  multi-query attention with one KV head of width r + dr: scores S x H x (r + dr), outputs S x H x r, plus
+              folding the new query into latent space and the output back (H x dn x r and H x r x dv, once a step).
+    """
+    H, r, dn, dr, dv = _fields(config, "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                               "v_head_dim")
+    S = validate.integer("S", S)
+    expand = S * r * H * (dn + dv) + S * H * (dn + dr) + S * H * dv
+    absorbed = S * H * (r + dr) + S * H * r + H * dn * r + H * r * dv
+    return {"expand": 2 * expand, "absorbed": 2 * absorbed}
 
 
 def _fields(config, *names):
@@ -55,6 +74,11 @@ def _fields(config, *names):
     if missing:
         raise ValueError(f"config has no {', '.join(missing)}: is it an MLA model's config.json?")
     return [validate.integer(f"config[{n!r}]", config[n]) for n in names]
+
+
+def _element(b):
+    """-> float: the bytes of one cached number, a finite number above 0 (a fraction for packed codes)."""
+    return validate.positive("bytes_per_element", b)
 
 
 def _whole(x):
