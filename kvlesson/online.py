@@ -26,9 +26,8 @@ import math
 import numpy as np
 
 from kvlesson import validate
-from kvlesson.sdpa import _checked
 
-__all__ = ["online_attention", "split_kv_attention", "online_update", "finish", "merge_partials",
+__all__ = ["online_attention", "split_kv_attention", "empty_state", "online_update", "finish", "merge_partials",
            "attention_backward"]
 
 
@@ -41,12 +40,12 @@ def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
     the nan or inf its value may hold. return_lse=True also returns each row's log-sum-exp [H, T] (in the
     accumulation dtype), what the backward pass needs.
     """
-    q, k, v, window = _checked(q, k, v, window)
+    q, k, v, window = validate.attention_inputs(q, k, v, window)
     block = validate.integer("block", block, minimum=1)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
     qg, acc = _grouped_queries(q, Hkv)  # [Hkv, G*T, d], scaled by 1/sqrt(d)
-    m, l, o = _empty_state(qg.shape[:-1], d, acc)
+    m, l, o = empty_state(qg.shape[:-1], d, acc)
     first = 0 if window is None else max(0, S - T + 1 - window)  # the oldest key any query still sees
     for start in range(first, S if T else 0, block):
         stop = min(start + block, S)
@@ -64,7 +63,7 @@ def split_kv_attention(q, k, v, *, splits=4, window=None):
     Each slice gives a normalised partial output and its log-sum-exp, with no reference to the others, so a GPU
     can run them side by side; `merge_partials` then combines them exactly. Same semantics as kvlesson.attention.
     """
-    q, k, v, window = _checked(q, k, v, window)
+    q, k, v, window = validate.attention_inputs(q, k, v, window)
     splits = validate.integer("splits", splits, minimum=1)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
@@ -77,7 +76,7 @@ def split_kv_attention(q, k, v, *, splits=4, window=None):
         if stop == start:  # an empty slice has nothing to say; it would merge as the identity anyway
             continue
         s = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, stop - start]
-        out, lse = finish(*online_update(*_empty_state(qg.shape[:-1], d, acc), s,
+        out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s,
                                          v[:, start:stop].astype(acc, copy=False)))
         outs.append(out)  # [Hkv, G*T, d]; 0 for a row the slice's keys are all hidden from (causal or window)
         lses.append(lse)  # [Hkv, G*T]; -inf there, so it weighs nothing in the merge
@@ -140,7 +139,7 @@ def attention_backward(q, k, v, out, lse, d_out, *, block=128, window=None):
     where D = rowsum(d_out * out) equals rowsum(p * dp) over all the keys, so no block needs another block's p.
     float32 in, float32 out (sums in float32 at least, as in the forward pass).
     """
-    q, k, v, window = _checked(q, k, v, window)
+    q, k, v, window = validate.attention_inputs(q, k, v, window)
     block = validate.integer("block", block, minimum=1)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
@@ -178,7 +177,8 @@ def _grouped_queries(q, Hkv):
     return qg, acc
 
 
-def _empty_state(rows, d, acc):
+def empty_state(rows, d, acc):
+    """-> (m, l, o) of rows that have seen no key yet: -inf, 0 and zeros [*rows, d], in dtype acc."""
     return np.full((*rows, 1), -np.inf, acc), np.zeros((*rows, 1), acc), np.zeros((*rows, d), acc)
 
 

@@ -77,7 +77,7 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = 
     context). A key or value a query cannot see never reaches its output, even if it is inf or NaN; a query
     that sees one gets what IEEE arithmetic gives it. Finite inputs whose scores overflow are a ValueError.
     """
-    q, k, v, window = _checked(q, k, v, window)
+    q, k, v, window = validate.attention_inputs(q, k, v, window)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
     G = H // Hkv
@@ -121,26 +121,6 @@ def _weighted_values(p, v, mask):
     sees = np.tile(mask[:, bad].any(axis=1), p.shape[1] // T)  # [G*T]: rows g*T + i belong to query i
     out[:, sees] = p[:, sees] @ v
     return out
-
-
-def _checked(q, k, v, window):
-    q, k, v = validate.floats("q", q), validate.floats("k", k), validate.floats("v", v)
-    window = validate.window(window)
-    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
-        raise ValueError(f"need q [H, T, d] and k, v [Hkv, S, d]; got q {q.shape}, k {k.shape}, v {v.shape}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
-    (H, T, d), (Hkv, S, dk) = q.shape, k.shape
-    if d != dk:
-        raise ValueError(f"head dims differ: q {q.shape} has d={d}, k {k.shape} has d={dk}")
-    if d == 0:
-        raise ValueError(f"the head dim d must be at least 1; got q {q.shape}")
-    if Hkv == 0 or H % Hkv:
-        raise ValueError(f"H={H} query heads must be a multiple of Hkv={Hkv} KV heads (q {q.shape}, k {k.shape})")
-    if T > S:
-        raise ValueError(f"more queries than keys: T={T} > S={S} (q {q.shape}, k {k.shape})")
-    validate.same_dtype(q=q, k=k, v=v)
-    return q, k, v, window
 
 
 def _checked_mask(mask, T, S, window):

@@ -36,6 +36,9 @@ def window(value, name="window"):
     return None if value is None else integer(name, value, minimum=1)
 
 
+_window = window  # for attention_inputs, whose argument has that name
+
+
 def positive(name, value):
     """-> float. A finite real number above zero (a RoPE base, an epsilon); bool refused."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
@@ -96,3 +99,25 @@ def token_ids(name, ids, vocab):
     if bad.size:
         raise ValueError(f"{name} must lie in [0, {vocab}); got {bad[:5].tolist()}")
     return out
+
+
+def attention_inputs(q, k, v, window=None):
+    """-> (q, k, v, window), checked: q [H, T, d], k and v [Hkv, S, d] of one float dtype, H a multiple of Hkv,
+    T <= S, and a window that is None or a positive integer. Every attention in the package checks its inputs here."""
+    q, k, v = floats("q", q), floats("k", k), floats("v", v)
+    window = _window(window)
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"need q [H, T, d] and k, v [Hkv, S, d]; got q {q.shape}, k {k.shape}, v {v.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
+    (H, T, d), (Hkv, S, dk) = q.shape, k.shape
+    if d != dk:
+        raise ValueError(f"head dims differ: q {q.shape} has d={d}, k {k.shape} has d={dk}")
+    if d == 0:
+        raise ValueError(f"the head dim d must be at least 1; got q {q.shape}")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"H={H} query heads must be a multiple of Hkv={Hkv} KV heads (q {q.shape}, k {k.shape})")
+    if T > S:
+        raise ValueError(f"more queries than keys: T={T} > S={S} (q {q.shape}, k {k.shape})")
+    same_dtype(q=q, k=k, v=v)
+    return q, k, v, window

@@ -5,7 +5,8 @@ module's imports to keep it so.
     into the model a learner loads, and the package's __init__, which re-exports the public names;
   - a sub-package imports the core and the leaves, itself, and no other sub-package, except teaching/, which may
     import anything (it teaches all of it);
-  - nothing outside teaching/ imports teaching/.
+  - nothing outside teaching/ imports teaching/;
+  - no module imports another one's private (underscored) names.
 """
 import ast
 from pathlib import Path
@@ -49,3 +50,12 @@ def test_the_arrows_run_one_way(path):
                 f"the core module {path.name} imports kvlesson.{target}"
         else:
             assert sub in ALLOWED[home], f"{home}/{path.name} imports kvlesson.{target}"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_another_ones_private_names(path):
+    """A name with a leading underscore is its module's own business: what another module needs is public."""
+    private = [f"{node.module}.{a.name}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvlesson")
+               for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not private, f"{path.relative_to(PACKAGE)} imports private names: {private}"

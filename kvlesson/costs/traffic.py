@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlesson import validate
-from kvlesson.online import _empty_state, finish, online_update
+from kvlesson.online import empty_state, finish, online_update
 
 __all__ = ["Traffic", "SlowMemory", "standard_attention", "tiled_attention", "standard_traffic", "tiled_traffic",
            "tiles", "on_chip"]
@@ -97,7 +97,7 @@ def tiled_attention(q, k, v, M, *, loop="q", tile=None):
     keys = [slice(j, min(j + Bc, N)) for j in range(0, N, Bc)]
     if loop == "q":
         for r in rows:
-            qi, state = hbm.read("Q", r) / math.sqrt(d), _empty_state((r.stop - r.start,), d, np.float64)
+            qi, state = hbm.read("Q", r) / math.sqrt(d), empty_state((r.stop - r.start,), d, np.float64)
             for c in keys:
                 state = online_update(*state, qi @ hbm.read("K", c).T, hbm.read("V", c))
             out, lse = finish(*state)
@@ -105,7 +105,7 @@ def tiled_attention(q, k, v, M, *, loop="q", tile=None):
             hbm.write("L", r, lse)  # the one number per row that the backward pass needs
     else:
         for r in rows:  # Algorithm 1, line 2: O = 0, l = 0, m = -inf, in slow memory
-            m, l, o = _empty_state((r.stop - r.start,), d, np.float64)
+            m, l, o = empty_state((r.stop - r.start,), d, np.float64)
             hbm.write("O", r, o)
             hbm.write("l", r, l)
             hbm.write("m", r, m)

@@ -18,7 +18,7 @@ import numpy as np
 
 from kvlesson import validate
 from kvlesson.cache import Cache
-from kvlesson.sdpa import _checked, causal_mask
+from kvlesson.sdpa import causal_mask
 
 __all__ = ["bfloat16", "e4m3", "e5m2", "formats", "round_bf16", "running_sum", "pairwise_sum", "kahan_sum",
            "attention_in", "LowPrecisionKVCache", "scale_for"]
@@ -116,7 +116,7 @@ def attention_in(q, k, v, *, store, accumulate, p_store=None):
     FlashAttention-2's forward pass feeds its tensor cores a 16-bit P and keeps the row sum in float32. The weights
     returned are then the ones that multiply V: the rounded exps over the unrounded sum.
     """
-    q, k, v, _ = _checked(q, k, v, None)
+    q, k, v, _ = validate.attention_inputs(q, k, v)
     store, acc = _float_format("store", store), _float_format("accumulate", accumulate)
     p_store = None if p_store is None else _float_format("p_store", p_store)
     H, T, d = q.shape

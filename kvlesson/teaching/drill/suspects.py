@@ -18,7 +18,7 @@ from kvlesson.cache import Cache, KVCache, WindowKVCache
 from kvlesson.layer import step
 from kvlesson.online import online_attention
 from kvlesson.rope import apply_rope
-from kvlesson.sdpa import _checked, attention, causal_mask
+from kvlesson.sdpa import attention, causal_mask
 from kvlesson.serving.paged import PagedKVCache
 
 __all__ = ["Case", "CASES"]
@@ -44,7 +44,7 @@ class Case:
 
 def _attend(q, k, v, *, top_left=False, tiled=False):
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], one query head at a time, by the book."""
-    q, k, v, _ = _checked(q, k, v, None)
+    q, k, v, _ = validate.attention_inputs(q, k, v)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
     out = np.zeros_like(q)
@@ -275,7 +275,7 @@ def _stream(q, k, v, block, *, rescale=True):
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], the keys `block` at a time with a running max m, sum l and
     unnormalised output o per query row. When a block raises the max, l and o are rescaled by exp(m - m_new);
     rescale=False forgets that (the lesson 10 bug), which goes unseen while the first block holds each row's max."""
-    q, k, v, _ = _checked(q, k, v, None)
+    q, k, v, _ = validate.attention_inputs(q, k, v)
     block = validate.integer("block", block, minimum=1)
     H, T, d = q.shape
     Hkv, S, _ = k.shape
