@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import attention, causal_mask
-from tests.helpers import caches, layers, reference, run_chunks, weights  # noqa: F401  shared
+from tests.helpers import caches, layers, reference, run_chunks
 
 
 @given(st.booleans().flatmap(lambda windowed: layers(windowed=windowed)))

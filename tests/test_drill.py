@@ -21,7 +21,7 @@ from kvlesson.costs import memory
 from kvlesson.teaching import checks
 from kvlesson.teaching.drill import lineup, model_tests, pricing, suspects
 from kvlesson.teaching.drill.score import PLAN, ScoreSheet
-from tests.test_core_properties import layers, reference, run_chunks
+from tests.helpers import layers, reference, run_chunks
 
 CASES = {c.key: c for c in suspects.CASES}
 
@@ -239,7 +239,7 @@ def test_the_cache_twins_equal_a_full_pass(c):
 @settings(max_examples=30)
 @given(layers(windowed=False))
 def test_the_rope_layer_twin_equals_step(c):
-    from tests.test_core_properties import weights
+    from tests.helpers import weights
     x, Wq, Wk, Wv = weights(c)
     cache, parts, start = KVCache(c["Hkv"], c["d"]), [], 0
     for T in c["chunks"]:

@@ -22,7 +22,7 @@ from kvlesson.shrink.precision import (
     running_sum,
     scale_for,
 )
-from tests.test_core_properties import layers, reference, run_chunks
+from tests.helpers import layers, reference, run_chunks
 
 # ---------------------------------------------------------------------------------------------- the formats
 

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = ["Verdict", "Slip", "checker", "run", "reject", "passed", "failed", "as_array", "as_number",
-           "attribute", "first_slip", "reject_slip", "expect_close", "yours_or_ours", "distinct_digits", "plural",
+           "attribute", "first_slip", "reject_slip", "yours_or_ours", "distinct_digits", "plural",
            "attempt", "Attempt", "TimeUp", "time_limit", "TIME_LIMIT", "crash", "pytest_outcome"]
 
 STUB_PROBLEM = "your code still raises NotImplementedError"
@@ -399,21 +399,6 @@ def first_slip(got, slips, inputs, same=None):
 
 def reject_slip(slip, case):
     reject(slip.problem.format(case=case), slip.hint)
-
-
-def expect_close(got, want, case, rtol=1e-6, atol=1e-8):
-    """Shape, dtype and value checks most checkers share; returns quietly when they agree, else rejects."""
-    got = as_array(got, case)
-    if got.shape != want.shape:
-        reject(f"for {case} the result has shape {got.shape}; expected {want.shape}")
-    if got.dtype != want.dtype:
-        reject(f"for {case} the result is {got.dtype}; expected {want.dtype}",
-               "something upcast or cast the array; keep the input dtype end to end")
-    if not np.isfinite(got).all() and np.isfinite(want).all():
-        reject(f"for {case} the result has nan or inf", "look for exp of a large number, or 0/0")
-    if not np.allclose(got, want, rtol=rtol, atol=atol):
-        err = np.abs(got.astype(np.float64) - want).max()
-        reject(f"for {case} the values differ from the reference (max abs error {err:.3g})")
 
 
 def plural(n, noun, many=None):
