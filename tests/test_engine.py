@@ -13,6 +13,8 @@ far below the gaps between its top tokens here). Then the mutants: each invarian
 engine, fails.
 """
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -524,22 +526,32 @@ def test_bad_engines_are_refused(kwargs, error, words):
 def test_replay_measures_the_engine_and_lesson_09s_batcher_on_one_trace():
     model = tiny(dtype=np.float32)
     arrivals = engine.poisson_arrivals(0.5, 6, seed=1)
-    assert arrivals[0] == 0 and np.all(np.diff(arrivals) >= 0)
+    assert arrivals[0] == 0 and np.all(np.diff(arrivals) > 0)
     assert np.array_equal(arrivals, engine.poisson_arrivals(0.5, 6, seed=1))
     rng = np.random.default_rng(0)
-    trace = [(int(t), rng.integers(0, TINY.vocab, int(rng.integers(3, 20))).tolist(), 5) for t in arrivals]
+    trace = [(t, rng.integers(0, TINY.vocab, int(rng.integers(3, 20))).tolist(), 5) for t in arrivals]
     results = [engine.replay(Engine(model, 24, 4, max_batch_tokens=16), trace),
                engine.replay(batch.Batcher(TINY, model.weights, n_blocks=24, block_size=4), trace)]
     want = {i: alone(model, ids, n) for i, (_, ids, n) in enumerate(trace)}
     for got in results:
         assert got.outputs == want and got.new.tolist() == [5] * 6
-        assert np.all(got.first_step >= got.arrival) and np.all(got.last_step >= got.first_step)
+        assert np.all(got.submitted >= np.ceil(arrivals))  # at the first step boundary after the arrival
+        assert np.all(got.first_step >= got.submitted) and np.all(got.last_step >= got.first_step)
         s = got.summary()
-        assert s["ttft_steps"][0] >= 1 and s["ttft_steps"][1] >= s["ttft_steps"][0] and s["tokens_per_step"] > 0
+        assert 1 <= s["ttft_steps"][0] <= s["ttft_steps"][1] and s["tokens_per_step"] > 0
+        assert s["wait_tokens"][1] <= got.wait_tokens.max() and np.all(got.ttft_s > 0)
         ran = ~np.isnan(got.step_tokens)
         assert np.nansum(got.step_tokens) == sum(len(ids) for _, ids, _ in trace) + 6 * 4  # prompts, then 4 decodes
         assert np.all(got.step_seconds[~ran] == 0)
     assert np.nanmax(results[0].step_tokens) <= 16 < np.nanmax(results[1].step_tokens)  # chunked vs whole prompts
+    assert results[0].submitted.tolist() == np.ceil(arrivals).astype(int).tolist()  # one pass a step: no delay
+    assert results[0].preemptions == 0 and results[1].preemptions is None
+    assert len(results[1].step_tokens) > len(results[1].step_seconds[results[1].step_seconds > 0])  # two-pass steps
+    timed = engine.replay(Engine(model, 24, 4, max_batch_tokens=16), [(t / 1e3, ids, n) for t, ids, n in trace],
+                          clock="seconds")  # arrivals a millisecond apart: the clock jumps over idle gaps
+    assert timed.outputs == want and np.all(~np.isnan(timed.step_tokens)) and np.all(timed.ttft_s > 0)
+    with pytest.raises(ValueError, match="clock must be 'steps' or 'seconds'"):
+        engine.replay(Engine(model, 24, 4), trace, clock="hours")
 
 
 # ---- SmolLM2, float32
@@ -571,3 +583,15 @@ def test_smollm2_through_the_engine_equals_generate_token_for_token(model, chats
     assert st_["preemptions"] >= 1 and st_["prefix_hit_tokens"] >= 3 * 48 and max(st_["step_tokens"]) <= 48
     assert [out[r] for r in rids] == want
     assert eng.pool.blocks_free == eng.pool.n_blocks and eng.pool.dtype == np.float32
+
+
+@pytest.mark.slow
+def test_the_engine_benchmark_runs_and_prints_its_table(model, monkeypatch, capsys):
+    """`python scripts/bench_engine.py` in its smallest form: one rate, two requests of two tokens, one round."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_engine
+
+    bench_engine.main(["--rates", "4", "--requests", "2", "--new", "2", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "gave every request the same tokens" in out and out.count("| 4 | (") == 4 and "| (a) lesson 09 |" in out
+    sys.modules.pop("bench_engine", None)

@@ -19,7 +19,7 @@ its end (kvlesson.serving.paged.block_hash); a new request starts on every cache
 and the blocks of finished sequences stay cached until a free block is wanted.
 
 Every step is one call of kvlesson.serving.batch.run: decodes and prefill chunks side by side in one [N, D] matrix.
-poisson_arrivals and replay measure an engine (this one, or lesson 09's Batcher) on a trace of requests.
+poisson_arrivals, chat_trace and replay measure an engine (this one, or lesson 09's Batcher) on a trace of requests.
 """
 import math
 import time
@@ -31,7 +31,7 @@ import numpy as np
 from kvlesson import validate
 from kvlesson.serving import batch
 
-__all__ = ["Engine", "split_budget", "poisson_arrivals", "replay"]
+__all__ = ["Engine", "split_budget", "poisson_arrivals", "chat_trace", "replay"]
 
 PREEMPTION = ("recompute", "swap")
 COUNTS = ("preemptions", "prefix_hit_tokens", "recomputed_tokens", "swap_bytes")  # the running totals in stats
@@ -296,93 +296,127 @@ class Engine:
 
 
 def poisson_arrivals(rate, n, seed=0):
-    """int [n]: the steps at which n requests arrive, a Poisson process of `rate` requests per step (exponential gaps,
-    seeded), starting at step 0."""
+    """float [n]: when n requests arrive, a Poisson process of `rate` requests per unit of time (exponential gaps,
+    seeded), the first at 0. The unit is the replay's clock: steps or seconds."""
     rate = validate.positive("rate", rate)
     gaps = np.random.default_rng(seed).exponential(1 / rate, validate.integer("n", n, minimum=1))  # [n]
-    times = np.cumsum(gaps) - gaps[0]
-    return np.floor(times).astype(int)
+    return np.cumsum(gaps) - gaps[0]
+
+
+def chat_trace(model, rate, n, new, seed=13, system=60, passages=(4, 8, 16, 32)):
+    """-> [(arrival, prompt ids, new)]: n chat requests for `new` tokens each, arriving as a Poisson process of `rate`
+    (seeded). Every request has the same system prompt, the shipped text's first `system` tokens, and asks about a
+    passage of the text whose length is drawn from `passages`, from a random place after them. model: SmolLM2 (its
+    tokenizer and chat template)."""
+    from kvlesson.text import long_text  # a leaf module; only traces need the text
+
+    tok = model.tokenizer
+    text = tok.encode(long_text())
+    rules = tok.decode(text[:system])
+    pick = np.random.default_rng(seed)
+    trace = []
+    for t in poisson_arrivals(rate, n, seed):
+        k = int(pick.choice(passages))
+        start = int(pick.integers(system, len(text) - k))
+        trace.append((float(t), tok.encode(model.chat_prompt(tok.decode(text[start : start + k]), system=rules)), new))
+    return trace
 
 
 @dataclass(frozen=True)
 class Replay:
-    """What each request of a trace saw, and what each step cost. Clocks: steps (deterministic) and seconds (the sum
-    of the steps' wall-clock times: a step that waits for no arrival takes none)."""
+    """What each request of a trace saw, and what each forward pass cost, on two clocks: steps, one per forward pass
+    (the same on every machine), and seconds (each engine step lasts what it took here; waiting for a request that
+    has not arrived takes no time on the steps clock, and jumps to its arrival on the seconds clock)."""
 
-    arrival: np.ndarray  # [R] step each request arrived
-    first_step: np.ndarray  # [R] step its first token came out
-    last_step: np.ndarray  # [R] step its last token came out
+    submitted: np.ndarray  # [R] the step before which each request was submitted
+    first_step: np.ndarray  # [R] the step its first token came out in
+    last_step: np.ndarray  # [R] the step its last token came out in
     new: np.ndarray  # [R] tokens it got
-    first_s: np.ndarray  # [R] seconds from its arrival to its first token
-    tpot_s: np.ndarray  # [R] seconds per token after the first (nan for one token)
-    step_tokens: np.ndarray  # [steps] tokens the step processed (prompt and decode), nan for a step that ran nothing
-    step_seconds: np.ndarray  # [steps]
-    wait_tokens: np.ndarray  # [tokens after each request's first] tokens processed in the step that gave each one
+    ttft_s: np.ndarray  # [R] seconds from its arrival to its first token
+    tpot_s: np.ndarray  # [R] seconds per token after the first (nan for a single token)
+    step_tokens: np.ndarray  # [steps] tokens each forward pass processed (prompts and decodes); nan where none ran
+    step_seconds: np.ndarray  # [steps] seconds each took (an engine step of two passes is charged to its second)
+    wait_tokens: np.ndarray  # [tokens after each first] tokens processed between the token and the one before it
     outputs: dict  # request index -> its tokens
+    preemptions: int | None  # the Engine's count; None for lesson 09's Batcher, which never preempts
 
     def summary(self):
-        """The headline numbers: throughput, TTFT and TPOT (median and p90), in steps and in seconds."""
-        def mid_p90(x):
-            x = np.asarray(x, float)
-            x = x[~np.isnan(x)]
-            return (float(np.median(x)), float(np.percentile(x, 90))) if x.size else (math.nan, math.nan)
-
+        """Throughput; TTFT and TPOT as (median, p90) on both clocks; the tokens a request waited for between two of
+        its tokens as (median, p99): one long step shows in the tail."""
         ran = ~np.isnan(self.step_tokens)
-        tpot_steps = (self.last_step - self.first_step) / np.maximum(self.new - 1, 1)
-        return dict(tokens_per_step=self.new.sum() / (self.last_step.max() + 1 - self.arrival.min()),
-                    tokens_per_s=self.new.sum() / self.step_seconds[ran].sum(),
-                    ttft_steps=mid_p90(self.first_step - self.arrival + 1),
-                    tpot_steps=mid_p90(np.where(self.new > 1, tpot_steps, np.nan)),
-                    wait_tokens=mid_p90(self.wait_tokens), ttft_s=mid_p90(self.first_s), tpot_s=mid_p90(self.tpot_s))
+        steps = self.last_step.max() + 1 - self.submitted.min()
+        tpot_steps = np.where(self.new > 1, (self.last_step - self.first_step) / np.maximum(self.new - 1, 1), np.nan)
+        return dict(tokens_per_step=self.new.sum() / steps, tokens_per_s=self.new.sum() / self.step_seconds[ran].sum(),
+                    ttft_steps=_quantiles(self.first_step - self.submitted + 1), tpot_steps=_quantiles(tpot_steps),
+                    wait_tokens=_quantiles(self.wait_tokens, 99), ttft_s=_quantiles(self.ttft_s),
+                    tpot_s=_quantiles(self.tpot_s), preemptions=self.preemptions)
 
 
-def replay(engine, trace):
-    """Run a trace on an engine -> Replay. trace: [(arrival step, prompt ids, max_new_tokens)]. A request is submitted
-    just before the step it arrives at; a step with nothing to run passes in no time. engine: an Engine, or lesson
-    09's batch.Batcher (whose step prefills the requests it admits whole, in a pass of its own, then decodes)."""
+def _quantiles(x, tail=90):
+    """-> (median, the `tail` percentile) of the numbers that are not nan."""
+    x = np.asarray(x, float)
+    x = x[~np.isnan(x)]
+    return (float(np.median(x)), float(np.percentile(x, tail))) if x.size else (math.nan, math.nan)
+
+
+def replay(engine, trace, clock="steps"):
+    """Run a trace on an engine -> Replay. trace: [(arrival, prompt ids, max_new_tokens)], arrivals on `clock`:
+    "steps" (a request arriving at t is submitted before forward pass ceil(t)) or "seconds" (submitted at the first
+    step boundary after it arrives, the clock advanced by each step's wall-clock time). engine: an Engine, or lesson
+    09's batch.Batcher, whose step is two forward passes when it admits: the new prompts, whole, then every decode."""
+    if clock not in ("steps", "seconds"):
+        raise ValueError(f"clock must be 'steps' or 'seconds'; got clock={clock!r}")
     R = len(trace)
     order = sorted(range(R), key=lambda i: trace[i][0])
-    arrival = np.array([t[0] for t in trace])
-    first, last, new = np.full(R, -1), np.full(R, -1), np.zeros(R, int)
-    clock_at = np.zeros(R)  # seconds on the replay's clock when each request's first and last tokens came out
-    first_s, last_s = np.full(R, math.nan), np.full(R, math.nan)
+    submitted, first, last, new = np.full(R, -1), np.full(R, -1), np.full(R, -1), np.zeros(R, int)
+    start, ttft, last_s = np.zeros(R), np.full(R, math.nan), np.full(R, math.nan)  # seconds on the clock
+    seen = np.zeros(R)  # tokens processed, in all, when each request's latest token came out
     step_tokens, step_seconds, wait, outputs, index = [], [], [], {i: [] for i in range(R)}, {}
-    clock, s, k = 0.0, 0, 0
+    seconds, s, k, processed = 0.0, 0, 0, 0
     while k < R or not engine.done:
-        while k < R and trace[order[k]][0] <= s:
+        now = s if clock == "steps" else seconds
+        while k < R and trace[order[k]][0] <= now:
             i = order[k]
             index[engine.submit(list(trace[i][1]), trace[i][2])] = i
-            clock_at[i], k = clock, k + 1
+            submitted[i], start[i], k = s, seconds if clock == "steps" else trace[i][0], k + 1
         if engine.done:  # nothing to run until the next arrival
-            step_tokens.append(math.nan)
-            step_seconds.append(0.0)
-            s += 1
+            if clock == "steps":
+                step_tokens.append(math.nan)
+                step_seconds.append(0.0)
+                s += 1
+            else:
+                seconds = trace[order[k]][0]
             continue
         t0 = time.perf_counter()
         out = engine.step()
-        step_seconds.append(time.perf_counter() - t0)
-        clock += step_seconds[-1]
-        tokens = _processed(engine, out, new, index, trace)
-        step_tokens.append(tokens)
-        for rid, token in out:
-            i = index[rid]
-            if new[i] == 0:
-                first[i], first_s[i] = s, clock - clock_at[i]
-            else:
-                wait.append(tokens)
-            new[i] += 1
-            last[i], last_s[i] = s, clock
-            outputs[i].append(token)
-        s += 1
-    tpot = np.where(new > 1, (last_s - (first_s + clock_at)) / np.maximum(new - 1, 1), math.nan)
-    return Replay(arrival, first, last, new, first_s, tpot, np.array(step_tokens, float), np.array(step_seconds),
-                  np.array(wait, float), outputs)
+        took = time.perf_counter() - t0
+        seconds += took
+        passes = _passes(engine, out, new, index, trace)
+        for n, (tokens, emitted) in enumerate(passes):
+            processed += tokens
+            step_tokens.append(tokens)
+            step_seconds.append(took if n == len(passes) - 1 else 0.0)
+            for rid, token in emitted:
+                i = index[rid]
+                if new[i] == 0:
+                    first[i], ttft[i] = s, seconds - start[i]
+                else:
+                    wait.append(processed - seen[i])
+                new[i], seen[i], last[i], last_s[i] = new[i] + 1, processed, s, seconds
+                outputs[i].append(token)
+            s += 1
+    tpot = np.where(new > 1, (last_s - (start + ttft)) / np.maximum(new - 1, 1), math.nan)
+    return Replay(submitted, first, last, new, ttft, tpot, np.array(step_tokens, float), np.array(step_seconds),
+                  np.array(wait, float), outputs, engine.stats["preemptions"] if isinstance(engine, Engine) else None)
 
 
-def _processed(engine, out, new, index, trace):
-    """Tokens the step just run processed: the Engine logs them; lesson 09's Batcher prefilled every request whose
-    first token this is (its whole prompt) and decoded one token for each of the others it emitted."""
+def _passes(engine, out, new, index, trace):
+    """-> [(tokens processed, [(rid, token) emitted])] for each forward pass of the step just run. The Engine runs one
+    and logs its tokens; lesson 09's Batcher first prefills the requests it admitted (whole prompts: their first
+    tokens), then decodes every running sequence (one token each)."""
     if isinstance(engine, Engine):
-        return engine.log[-1]["tokens"]
-    firsts = {rid for rid, _ in out if new[index[rid]] == 0}
-    return sum(len(trace[index[rid]][1]) for rid in firsts) + len(out) - len(firsts)
+        return [(engine.log[-1]["tokens"], out)]
+    admitted = len({rid for rid, _ in out if new[index[rid]] == 0})
+    prefilled, decoded = out[:admitted], out[admitted:]  # Batcher.step lists the prefill's tokens first
+    passes = [(sum(len(trace[index[rid]][1]) for rid, _ in prefilled), prefilled)] if prefilled else []
+    return passes + ([(len(decoded), decoded)] if decoded else [])
