@@ -248,7 +248,8 @@ class PagedKVCache:
 
     def _prefix(self, ids, limit):
         """-> (blocks, positions, keys): the cached blocks a new sequence for ids would start on, cut to `limit`
-        positions, and the keys of the blocks found. Hashes only as far as the cache goes."""
+        positions, and their keys. The walk stops at the first block that is not cached: a sequence needs every earlier
+        position, so a later block is of no use without it."""
         cap = math.inf if limit is None else validate.integer("limit", limit)
         hits, keys = [], []
         for key in block_hashes(ids, self.block_size):
