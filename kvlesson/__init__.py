@@ -42,6 +42,7 @@ from kvlesson.layer import step
 from kvlesson.online import online_attention, split_kv_attention
 from kvlesson.rope import apply_rope
 from kvlesson.sdpa import attention, causal_mask, tree_mask
+from kvlesson.serving.engine import Engine
 from kvlesson.serving.paged import PagedKVCache
 from kvlesson.shrink.quant import QuantizedKVCache
 from kvlesson.shrink.sinks import SinkKVCache
@@ -60,4 +61,5 @@ __all__ = [
     "QuantizedKVCache",
     "SinkKVCache",
     "PagedKVCache",
+    "Engine",
 ]

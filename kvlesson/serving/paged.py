@@ -13,13 +13,59 @@ a new block only when its last one is full, so at most block_size - 1 slots per 
 Sharing is by reference count. A full shared block is never written again, so it stays shared. A partly filled
 shared block is copied the moment either side writes into it (copy-on-write): the writer gets a private copy,
 and the other sequences keep the original.
+
+Two more things a scheduler needs (kvlesson.serving.engine, lesson 13):
+  - automatic prefix caching (vLLM's APC). A full block is known by a key hashed over every token from the start of
+    its sequence to the block's end, chained block by block (block_hash). publish(seq, ids) registers a sequence's
+    full blocks under their keys; new_cached_sequence(ids) starts a sequence on every cached block of the longest
+    cached prefix of ids. A registered block whose last user leaves stays cached, unreferenced: it counts as free,
+    and is evicted, least recently released first, only when a free block is wanted.
+  - swapping: swap_out(seq) copies a sequence's blocks to host memory (a SwappedSequence) and frees them;
+    swap_in(swapped) copies them back into free blocks, as a new sequence with the same keys and values.
 """
+import hashlib
 import math
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvlesson import validate
 from kvlesson.cache import Cache, float_dtype
+
+
+def block_hash(parent, tokens):
+    """The key of one full block: sha256 over the key of the block before it (None for a sequence's first block) and
+    the block's own token ids. Chained, a key names every token from the start of the sequence to the end of the block,
+    so two blocks that hold the same tokens after different prefixes (whose keys and values differ) never share one."""
+    h = hashlib.sha256(b"" if parent is None else parent)
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())  # 8 bytes a token: ids of any vocabulary, no separators
+    return h.digest()
+
+
+def block_hashes(ids, block_size):
+    """-> the keys of the full blocks of ids, in order: key i names ids[: (i + 1) * block_size]. A partly filled last
+    block has no key: its tokens are not all known yet."""
+    keys, parent = [], None
+    for start in range(0, len(ids) - block_size + 1, block_size):
+        parent = block_hash(parent, ids[start : start + block_size])
+        keys.append(parent)
+    return keys
+
+
+@dataclass(frozen=True)
+class SwappedSequence:
+    """A sequence's blocks copied out of the pool (to host memory, on a GPU server): K and V [Hkv, n, block_size, d]
+    in its table's order, and how many positions they hold."""
+
+    k: np.ndarray
+    v: np.ndarray
+    length: int
+
+    @property
+    def nbytes(self):
+        """Bytes one copy moves, out or back in."""
+        return self.k.nbytes + self.v.nbytes
 
 
 class PagedKVCache:
@@ -48,6 +94,11 @@ class PagedKVCache:
         self._free = list(range(n_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
         self._tables, self._lens = {}, {}  # sequence id -> block table, -> positions written
         self._next_id = 0  # ids are never reused, so a stale id cannot reach another sequence
+        # prefix caching: registered blocks, both ways; cached blocks nobody points at, least recently released first;
+        # each sequence's keys for its leading full blocks, as far as publish or new_cached_sequence has chained them
+        self._block_of, self._key_of = {}, {}
+        self._idle = OrderedDict()
+        self._keys = {}
 
     # ---- sequences
 
@@ -65,15 +116,13 @@ class PagedKVCache:
         table = self._table(seq)
         for block in table:
             self.refs[block] += 1
-        return self._add(list(table), self._lens[seq])
+        return self._add(list(table), self._lens[seq], list(self._keys[seq]))
 
     def free(self, seq):
-        """Drop a sequence. Each of its blocks returns to the pool once no other sequence points at it."""
-        for block in self._table(seq):
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                self._free.append(block)
-        del self._tables[seq], self._lens[seq]
+        """Drop a sequence. Each of its blocks returns to the pool once no other sequence points at it (a cached block
+        stays cached, unreferenced, until a free block is wanted)."""
+        self._release(self._table(seq))
+        del self._tables[seq], self._lens[seq], self._keys[seq]
 
     def truncate(self, seq, n):
         """Keep the first n positions of `seq`: blocks past them go back to the pool once no other sequence points at
@@ -83,11 +132,9 @@ class PagedKVCache:
         if n > self._lens[seq]:
             raise ValueError(f"truncate(n={n}): sequence {seq} holds only {self._lens[seq]} positions")
         keep = math.ceil(n / self.block_size)
-        for block in table[keep:]:
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                self._free.append(block)
+        self._release(table[keep:])
         del table[keep:]
+        del self._keys[seq][n // self.block_size :]  # a block cut short is no longer full
         self._lens[seq] = n
 
     def block_table(self, seq):
@@ -111,7 +158,13 @@ class PagedKVCache:
 
     @property
     def blocks_free(self):
-        return len(self._free)
+        """Blocks a sequence can take: the free ones and the cached ones nobody points at (evicted when taken)."""
+        return len(self._free) + len(self._idle)
+
+    @property
+    def blocks_cached(self):
+        """Blocks registered under a prefix key, in use or not."""
+        return len(self._key_of)
 
     @property
     def nbytes(self):
@@ -135,12 +188,14 @@ class PagedKVCache:
         has too few free blocks.
         """
         need = self.needed(seq, T)
-        if need > len(self._free):
+        if need > self.blocks_free:
             raise ValueError(f"out of blocks: sequence {seq} needs {need} more to hold {self._lens[seq]} + T={T} "
-                             f"positions, and {len(self._free)} of {self.n_blocks} are free")
+                             f"positions, and {self.blocks_free} of {self.n_blocks} are free")
         table, L, bs = self._tables[seq], self._lens[seq], self.block_size
         shared_tail = T > 0 and L % bs != 0 and self.refs[table[-1]] > 1
         fresh = math.ceil((L + T) / bs) - len(table)
+        if T > 0 and L % bs != 0 and not shared_tail and table[-1] in self._key_of:
+            self._forget(table[-1])  # its only user is about to write into it: it no longer holds what its key names
         if shared_tail:  # copy-on-write: this sequence gets a private copy, the others keep the original
             old, new = table[-1], self._take()
             self.k[:, new], self.v[:, new] = self.k[:, old], self.v[:, old]
@@ -150,6 +205,86 @@ class PagedKVCache:
         positions = np.arange(L, L + T)
         self._lens[seq] = L + T
         return np.asarray(table, dtype=np.intp)[positions // bs], positions % bs
+
+    # ---- prefix caching
+
+    def publish(self, seq, ids):
+        """Register every full block of `seq` under its chained key; ids: the token ids at its positions (at least
+        length(seq) of them). A key already registered to another block keeps that block. Nothing is copied."""
+        table, L, bs = self._table(seq), self._lens[seq], self.block_size
+        if len(ids) < L:
+            raise ValueError(f"publish: ids has {len(ids)} token ids; sequence {seq} holds {L} positions")
+        keys, known = self._keys[seq], len(self._keys[seq])
+        if L // bs == known:
+            return  # no block has filled up since the last call
+        keys[:] = block_hashes(ids[: L // bs * bs], bs)
+        for i in range(known, len(keys)):
+            if keys[i] not in self._block_of and table[i] not in self._key_of:
+                self._block_of[keys[i]], self._key_of[table[i]] = table[i], keys[i]
+
+    def lookup(self, ids):
+        """-> [blocks]: the cached blocks of the longest prefix of ids in whole blocks, in order. Changes nothing."""
+        return self._prefix(ids, None)[0]
+
+    def cached_cost(self, ids, limit=None):
+        """-> (positions, blocks): how many of ids' first positions a new_cached_sequence(ids, limit) would find
+        cached, and how many blocks holding all of ids would then take from blocks_free (cached blocks nobody uses
+        count, since taking them leaves fewer free; a shared block that the first write must copy counts once)."""
+        hits, held, _ = self._prefix(ids, limit)
+        bs = self.block_size
+        idle = sum(self.refs[b] == 0 for b in hits)
+        copy = held % bs != 0 and len(ids) > held and self.refs[hits[-1]] > 0  # shared once adopted
+        return held, idle + math.ceil(len(ids) / bs) - len(hits) + copy
+
+    def new_cached_sequence(self, ids, limit=None):
+        """-> (id, positions): a new sequence that starts on every cached block of the longest cached prefix of ids, at
+        most `limit` positions of it (a caller that needs the last prompt token's logits passes len(ids) - 1), and
+        how many positions it holds already. The blocks gain a user each; nothing is copied."""
+        hits, held, keys = self._prefix(ids, limit)
+        for block in hits:
+            self._idle.pop(block, None)  # in use again: no longer evictable
+            self.refs[block] += 1
+        return self._add(list(hits), held, keys[: held // self.block_size]), held
+
+    def _prefix(self, ids, limit):
+        """-> (blocks, positions, keys): the cached blocks a new sequence for ids would start on, cut to `limit`
+        positions, and their keys. The walk stops at the first block that is not cached: a sequence needs every earlier
+        position, so a later block is of no use without it."""
+        cap = math.inf if limit is None else validate.integer("limit", limit)
+        hits, keys = [], []
+        for key in block_hashes(ids, self.block_size):
+            if key not in self._block_of or len(hits) * self.block_size >= cap:
+                break
+            hits.append(self._block_of[key])
+            keys.append(key)
+        held = min(len(hits) * self.block_size, cap)
+        return hits, held, keys
+
+    # ---- swapping
+
+    def swap_out(self, seq):
+        """Copy the blocks of `seq` out of the pool and free it -> a SwappedSequence that swap_in brings back."""
+        table = self._table(seq)
+        out = SwappedSequence(self.k[:, table], self.v[:, table], self._lens[seq])  # fancy indexing copies
+        self.free(seq)
+        return out
+
+    def swap_in(self, swapped):
+        """Copy a SwappedSequence back into free blocks -> the id of a new sequence with its keys and values. Raises
+        ValueError, changing nothing, when too few blocks are free."""
+        if not isinstance(swapped, SwappedSequence):
+            raise TypeError(f"swapped must be what swap_out returned; got {type(swapped).__name__}")
+        want = (self.Hkv, swapped.k.shape[1], self.block_size, self.d)
+        if swapped.k.shape != want or swapped.v.shape != want or swapped.k.dtype != self.dtype:
+            raise ValueError(f"swapped holds {swapped.k.shape} {swapped.k.dtype} blocks; this pool holds "
+                             f"[Hkv={self.Hkv}, n, block_size={self.block_size}, d={self.d}] {self.dtype}")
+        n = want[1]
+        if n > self.blocks_free:
+            raise ValueError(f"out of blocks: swapping in needs {n}, and {self.blocks_free} of {self.n_blocks} are "
+                             "free")
+        table = [self._take() for _ in range(n)]
+        self.k[:, table], self.v[:, table] = swapped.k, swapped.v
+        return self._add(table, swapped.length)
 
     def gather(self, seq):
         """-> (K, V) [Hkv, S, d]: the sequence's keys and values in position order, read through its table."""
@@ -161,15 +296,37 @@ class PagedKVCache:
 
     # ---- bookkeeping
 
-    def _add(self, table, length):
+    def _add(self, table, length, keys=None):
         seq, self._next_id = self._next_id, self._next_id + 1
-        self._tables[seq], self._lens[seq] = table, length
+        self._tables[seq], self._lens[seq], self._keys[seq] = table, length, keys or []
         return seq
 
     def _take(self):
-        block = self._free.pop()
+        """A block for one user: a free one, else the cached block released longest ago (its key is dropped)."""
+        if self._free:
+            block = self._free.pop()
+        else:
+            block = next(iter(self._idle))
+            self._forget(block)
         self.refs[block] = 1
         return block
+
+    def _release(self, blocks):
+        """Each block loses a user. One that nobody points at any more goes back on the free stack, in order, or, when
+        cached, to the end of the idle queue; the last block of a run first, so a prefix's tail is evicted before
+        its head (a head without its tail still serves a shorter prefix, a tail without its head serves none)."""
+        for block in blocks:
+            self.refs[block] -= 1
+        unused = [b for b in blocks if self.refs[b] == 0]
+        self._free.extend(b for b in unused if b not in self._key_of)
+        for block in reversed(unused):
+            if block in self._key_of:
+                self._idle[block] = None
+
+    def _forget(self, block):
+        """Drop a block's key: it is about to hold other keys and values."""
+        del self._block_of[self._key_of.pop(block)]
+        self._idle.pop(block, None)
 
     def _table(self, seq):
         seq = validate.integer("seq", seq)

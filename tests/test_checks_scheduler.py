@@ -1,0 +1,175 @@
+"""The lesson 13 checkers pass kvlesson's answers and other right ones, and name each typical mistake."""
+import hashlib
+
+import numpy as np
+import pytest
+
+from kvlesson.serving.engine import split_budget
+from kvlesson.serving.paged import block_hashes
+from kvlesson.teaching.checks import check_block_hashes, check_split_budget
+
+
+def todo(*args, **kwargs):
+    raise NotImplementedError("your turn")
+
+
+# ---- block keys: any hash that chains is right
+
+
+def chained_tuples(ids, bs):
+    """Keys that are the prefixes themselves, as nested tuples: no hashing at all, and right."""
+    keys, parent = [], None
+    for i in range(len(ids) // bs):
+        parent = (parent, tuple(ids[i * bs : (i + 1) * bs]))
+        keys.append(parent)
+    return keys
+
+
+def chained_text(ids, bs):
+    """sha256 over text, with separators: right."""
+    keys, parent = [], ""
+    for i in range(len(ids) // bs):
+        parent = hashlib.sha256((parent + "|" + ",".join(map(str, ids[i * bs : (i + 1) * bs]))).encode()).hexdigest()
+        keys.append(parent)
+    return keys
+
+
+def whole_prefix(ids, bs):
+    """Each key hashes the whole prefix again: quadratic, but right."""
+    return [hash(tuple(ids[: (i + 1) * bs])) for i in range(len(ids) // bs)]
+
+
+@pytest.mark.parametrize("right", [block_hashes, chained_tuples, chained_text, whole_prefix])
+def test_block_key_checker_passes_any_chained_key(right):
+    verdict = check_block_hashes(right)
+    assert verdict, verdict
+
+
+def own_tokens(ids, bs):
+    return [hash(tuple(ids[i * bs : (i + 1) * bs])) for i in range(len(ids) // bs)]
+
+
+def with_partial(ids, bs):
+    return [hash(tuple(ids[: (i + 1) * bs])) for i in range(-(-len(ids) // bs))]
+
+
+def one_short(ids, bs):
+    return whole_prefix(ids, bs)[:-1]
+
+
+def over_everything(ids, bs):
+    return [hash((tuple(ids), i)) for i in range(len(ids) // bs)]
+
+
+def summed(ids, bs):
+    keys, parent = [], 0
+    for i in range(len(ids) // bs):
+        parent = hash((parent, sum(ids[i * bs : (i + 1) * bs])))
+        keys.append(parent)
+    return keys
+
+
+def joined(ids, bs):
+    keys, parent = [], ""
+    for i in range(len(ids) // bs):
+        parent = parent + "".join(map(str, ids[i * bs : (i + 1) * bs]))
+        keys.append(parent)
+    return keys
+
+
+def weak_mix(ids, bs):
+    keys, parent = [], 0
+    for i in range(len(ids) // bs):
+        for t in ids[i * bs : (i + 1) * bs]:
+            parent = (parent * 3 + t) % 7
+        keys.append(parent)
+    return keys
+
+
+def salted(ids, bs, counter=[0]):  # noqa: B006  a call counter on purpose
+    counter[0] += 1
+    return [(counter[0], k) for k in whole_prefix(ids, bs)]
+
+
+def mutating(ids, bs):
+    out = whole_prefix(ids, bs)
+    ids.clear()
+    return out
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (own_tokens, "got the same key for it: a new request would reuse keys and values computed after the wrong"),
+    (with_partial, "you returned 4 keys; expected 3"),
+    (one_short, "you returned 2 keys; expected 3"),
+    (over_everything, "begin with the same two blocks, and got different keys"),
+    (summed, "[5, 9, 2, 7] and [9, 5, 2, 7] got the same key"),
+    (joined, "[1, 23] and [12, 3] got the same key"),
+    (weak_mix, "got the same key"),
+    (salted, "the same ids gave different keys on two calls"),
+    (mutating, "your function changed ids"),
+    (lambda ids, bs: [list(ids[: (i + 1) * bs]) for i in range(len(ids) // bs)], "cannot be hashed"),
+    (lambda ids, bs: None, "returned NoneType"),
+    (lambda ids, bs: "abc", "returned str"),
+    (todo, "NotImplementedError"),
+])
+def test_block_key_checker_names_the_mistake(wrong, words):
+    verdict = check_block_hashes(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+def test_a_chain_that_ignores_its_parent_is_told_why():
+    verdict = check_block_hashes(own_tokens)
+    assert "wrong text" in verdict.problem and "key of the block before" in verdict.hint
+
+
+# ---- the budget of one step
+
+
+def test_budget_checker_passes_the_reference_and_numpy_answers():
+    assert check_split_budget(split_budget)
+    assert check_split_budget(lambda d, p, b: np.array(split_budget(d, p, b), dtype=np.int64))
+    assert check_split_budget(lambda d, p, b: tuple(split_budget(d, p, b)))
+
+
+def even(d, p, b):
+    share = (b - d) // max(len(p), 1)
+    return [min(x, share) for x in p]
+
+
+def each_alone(d, p, b):
+    return [min(x, b - d) for x in p]
+
+
+def no_cap(d, p, b):
+    left, out = b - d, []
+    for _ in p:
+        out.append(left)
+        left = 0
+    return out
+
+
+def negative(d, p, b):
+    left, out = b - d, []
+    for x in p:
+        out.append(min(x, left) if left > 0 else left - 1)
+        left -= x
+    return out
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda d, p, b: split_budget(0, p, b), "as if the decodes cost nothing"),
+    (each_alone, "together they overspend it"),
+    (no_cap, "larger than what its prefill still needs"),
+    (even, "split evenly"),
+    (lambda d, p, b: split_budget(d, p[::-1], b)[::-1], "the last prefill is served first"),
+    (lambda d, p, b: split_budget(min(d + 1, b), p, b), "one token of the budget is never used"),
+    (lambda d, p, b: [x / 1 for x in split_budget(d, p, b)], "not a whole number"),
+    (lambda d, p, b: split_budget(d, p, b) + [0], "chunks for"),
+    (negative, "negative chunk"),
+    (lambda d, p, b: [min(x, 3) for x in p], "expected [10, 3, 0]"),
+    (lambda d, p, b: {"chunks": p}, "returned dict"),
+    (todo, "NotImplementedError"),
+])
+def test_budget_checker_names_the_mistake(wrong, words):
+    verdict = check_split_budget(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
