@@ -64,7 +64,7 @@ def caches(c, dtype=np.float64):
 
 def snapshot(pool):
     """Everything a refused call must leave alone: each sequence's table, length, keys and values; the free list."""
-    seqs = {s: (pool.block_table(s), pool.length(s), *(a.copy() for a in pool.gather(s))) for s in pool._tables}
+    seqs = {s: (pool.block_table(s), pool.length(s), *(a.copy() for a in pool.gather(s))) for s in pool.sequences}
     return seqs, list(pool._free), list(pool.refs)
 
 
@@ -78,7 +78,7 @@ def same(a, b):
 def check_accounts(pool):
     """refs[b] counts the tables that point at b; a block is free exactly when nobody points at it."""
     counts = np.zeros(pool.n_blocks, int)
-    for table in pool._tables.values():
+    for table in (pool.block_table(s) for s in pool.sequences):
         for b in table:
             counts[b] += 1
     assert counts.tolist() == pool.refs

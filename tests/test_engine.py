@@ -75,7 +75,7 @@ def accounts(pool):
     """refs[b] counts the block tables that point at b (so it is never negative); a block nobody points at is either
     free or cached, never both; a cached block is one the cache knows."""
     counts = np.zeros(pool.n_blocks, int)
-    for table in pool._tables.values():
+    for table in (pool.block_table(s) for s in pool.sequences):
         np.add.at(counts, table, 1)
     assert counts.tolist() == pool.refs and min(pool.refs) >= 0, f"refs {pool.refs}, tables count {counts.tolist()}"
     free, idle = set(pool._free), set(pool._idle)
@@ -358,7 +358,7 @@ def test_the_pool_with_caching_and_swapping_equals_a_kvcache_per_sequence(c):
                 del ref[seq]
             else:
                 out = pool.swap_out(seq)
-                assert seq not in pool._tables and out.nbytes == 2 * out.k.shape[1] * c["block_size"] * 8
+                assert seq not in pool.sequences and out.nbytes == 2 * out.k.shape[1] * c["block_size"] * 8
                 del ref[seq]
                 try:
                     ref[pool.swap_in(out)] = (text, cache)

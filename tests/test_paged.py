@@ -204,3 +204,12 @@ def test_block_tables_of_a_batch_pad_with_block_zero_and_give_lengths():
     tables, lengths = pool.block_tables([b, a, c])
     assert tables.tolist() == [[3, 0, 0], [0, 1, 2], [0, 0, 0]] and lengths.tolist() == [1, 5, 0]
     assert pool.block_tables([])[0].shape == (0, 0)
+
+
+def test_sequences_lists_the_live_ones_oldest_first():
+    pool = PagedKVCache(n_blocks=4, block_size=2, Hkv=1, d=1)
+    a, b, c = (pool.new_sequence() for _ in range(3))
+    pool.free(b)
+    assert pool.sequences == [a, c]
+    pool.sequences.append(99)  # a copy: the pool's own bookkeeping cannot be edited through it
+    assert pool.sequences == [a, c]

@@ -157,6 +157,11 @@ class PagedKVCache:
         return self._lens[seq]
 
     @property
+    def sequences(self):
+        """-> [ids] of the live sequences (made and not yet freed), oldest first."""
+        return list(self._tables)
+
+    @property
     def blocks_free(self):
         """Blocks a sequence can take: the free ones and the cached ones nobody points at (evicted when taken)."""
         return len(self._free) + len(self._idle)

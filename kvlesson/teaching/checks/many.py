@@ -428,19 +428,20 @@ def _cow_script(cls, name, script, n_blocks=4, block_size=4):
             run(lambda: yours.sequence(y).append(k, v), case=case)  # noqa: B023  called right here
         _compare(yours, ours, seqs, case, op == "free", write)
     for y, o in seqs:  # the end: free everything that is left; every block must come back
-        if o in ours._tables:
+        if o in ours.sequences:
             run(yours.free, y, case=f"{name}, freeing what is left")
             ours.free(o)
     _compare(yours, ours, seqs, f"{name}, once every sequence is freed", True)
 
 
 def _refused(yours, seq, k, v, case):
-    before = [(yours.block_table(s), *(a.copy() for a in yours.gather(s))) for s in list(yours._tables)]
+    live = attribute(yours, "sequences", case, "your pool")
+    before = [(yours.block_table(s), *(a.copy() for a in yours.gather(s))) for s in live]
     free = attribute(yours, "blocks_free", case, "your pool")
     try:
         yours.sequence(seq).append(k, v)
     except ValueError:
-        after = [(yours.block_table(s), *yours.gather(s)) for s in list(yours._tables)]
+        after = [(yours.block_table(s), *yours.gather(s)) for s in attribute(yours, "sequences", case, "your pool")]
         same = len(before) == len(after) and all(
             a[0] == b[0] and np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
             for a, b in zip(before, after, strict=True))
@@ -456,10 +457,10 @@ def _refused(yours, seq, k, v, case):
 
 def _compare(yours, ours, seqs, case, after_free, write=None):
     for n, (y, o) in enumerate(seqs):
-        if o in ours._tables:
+        if o in ours.sequences:
             _same_cache(yours, ours, y, o, n, case)
     pointers = {}
-    for table in yours._tables.values():
+    for table in (yours.block_table(s) for s in attribute(yours, "sequences", case, "your pool")):
         for b in table:
             pointers[b] = pointers.get(b, 0) + 1
     for b, count in enumerate(yours.refs):

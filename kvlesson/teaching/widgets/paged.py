@@ -15,7 +15,7 @@ def pool_layout(pool):
     A slot in a shared block appears once per sequence that uses it, with the same position for each.
     """
     cells = {}
-    for seq in sorted(pool._tables):
+    for seq in sorted(pool.sequences):
         table, bs = pool.block_table(seq), pool.block_size
         for p in range(pool.length(seq)):
             cells.setdefault((table[p // bs], p % bs), []).append((seq, p))
