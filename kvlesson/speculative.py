@@ -215,7 +215,9 @@ class TreeCache(Cache):
     are appended after the S cached positions in node order, like any chunk; what makes them a tree is where they
     sit and what they see: node i at position S + depth(i) (positions(T), what RoPE turns it by) and, among the
     new keys, only itself and its ancestors (mask(T) = kvlesson.tree_mask). After the pass, keep(path) leaves the
-    wrapped cache holding the S cached positions and the nodes of one root-to-node path, at S, S + 1, ...
+    wrapped cache holding the S cached positions and the nodes of one root-to-node path, at S, S + 1, ... (moving a
+    branch into place appends its keys again, so a cache that stores keys lossily, as QuantizedKVCache does, encodes
+    them once more).
     """
 
     def __init__(self, cache, parents):
@@ -283,6 +285,10 @@ def verify_tree(model, caches, tokens, parents):
     tokens = validate.token_ids("tokens", tokens, cfg.vocab).tolist()
     if len(tokens) != len(parents):
         raise ValueError(f"tokens has {len(tokens)} nodes and parents {len(parents)}; give one parent per node")
+    if not isinstance(caches, (list, tuple)) or len(caches) != cfg.n_layers:
+        raise TypeError(f"caches must be a list of {cfg.n_layers} caches, one per layer")
+    if len({len(c) for c in caches}) != 1:
+        raise ValueError(f"the caches disagree on how many tokens they hold: {sorted({len(c) for c in caches})}")
     views = [TreeCache(c, parents) for c in caches]
     return _model.forward(cfg, w, tokens, views), views
 

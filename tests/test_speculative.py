@@ -327,6 +327,13 @@ def test_tree_caches_refuse_what_they_cannot_do():
         views[0].append(np.zeros((2, 5, 16)), np.zeros((2, 5, 16)))
     with pytest.raises(ValueError, match="tokens has 2 nodes and parents 5"):
         verify_tree(TINY64, prefilled(PROMPT), [1, 2], TREE)
+    uneven = prefilled(PROMPT)
+    uneven[1].truncate(3)
+    with pytest.raises(ValueError, match=r"disagree on how many tokens they hold: \[3, 12\]"):
+        verify_tree(TINY64, uneven, [1, 2, 3, 4, 5], TREE)
+    assert [len(c) for c in uneven] == [12, 3, 12]  # refused before anything moved
+    with pytest.raises(TypeError, match="a list of 3 caches"):
+        verify_tree(TINY64, prefilled(PROMPT)[:2], [1, 2, 3, 4, 5], TREE)
 
 
 # ---- the mutants the lesson shows
