@@ -30,7 +30,8 @@ START, END = "<!-- syllabus:start -->", "<!-- syllabus:end -->"  # the guide's g
 PART_ONE = ("01_attention", "02_why_a_cache", "03_kv_cache", "04_offset_mask", "05_gqa", "06_rope",
             "07_sliding_window", "08_real_model")
 PART_TWO = ("09_many_sequences", "10_precision", "11_shrink_and_stretch", "12_interview_drill")
-LESSONS = ("00_start_here", *PART_ONE, *PART_TWO)
+PART_THREE = ("14_speculative",)
+LESSONS = ("00_start_here", *PART_ONE, *PART_TWO, *PART_THREE)
 
 
 def count_words(text):
@@ -326,7 +327,7 @@ def homework(sessions, found):
             elif block.kind == "demo":
                 done.setdefault(block.what, 0)
     items = []
-    for name in PART_ONE + PART_TWO:
+    for name in PART_ONE + PART_TWO + PART_THREE:
         lesson = found[name]
         if lesson.problem:
             continue
