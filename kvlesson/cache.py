@@ -25,11 +25,25 @@ without it has, so that nothing has to be probed for:
 
 A rejected append or truncate raises ValueError (or TypeError) and leaves the cache exactly as it was.
 """
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 
 from kvlesson import validate
 
-__all__ = ["Cache", "KVCache", "StaticKVCache", "WindowKVCache", "rules", "float_dtype"]
+__all__ = ["CacheLike", "Cache", "KVCache", "StaticKVCache", "WindowKVCache", "rules", "float_dtype"]
+
+
+@runtime_checkable
+class CacheLike(Protocol):
+    """The required part of the protocol: what step needs of any cache, a learner's own class included."""
+
+    Hkv: int
+    d: int
+
+    def __len__(self) -> int: ...
+
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class Cache:
@@ -44,25 +58,25 @@ class Cache:
         self.dtype = float_dtype(dtype)
         self._seen = 0  # the one place the position advances
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._seen
 
-    def append(self, k_new, v_new):
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         raise NotImplementedError
 
-    def positions(self, T):
+    def positions(self, T: int) -> np.ndarray:
         """-> int [T]: the absolute positions the next T tokens sit at, one after another from len(self)."""
         return np.arange(len(self), len(self) + T)
 
-    def mask(self, T):
+    def mask(self, T: int) -> np.ndarray | None:
         """None: the T newest queries see the keys handed back by the offset causal mask (and the window)."""
         return None
 
-    def truncate(self, n):
+    def truncate(self, n: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot roll back")
 
     def _check(self, k_new, v_new):

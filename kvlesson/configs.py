@@ -30,6 +30,9 @@ class Config:
     window_layers: int = 0  # how many of the n_layers use that window
     total_params: float | None = None  # set where the shape cannot tell (mixture of experts); else counted
     active_params: float | None = None  # mixture of experts: parameters one token reads (None: all of them)
+    experts: int | None = None  # mixture of experts: routed experts in each layer (num_local_experts)
+    experts_per_token: int | None = None  # experts the router picks for each token, per layer (num_experts_per_tok)
+    expert_params: float | None = None  # parameters of all routed experts, every layer: what the routing picks from
     name: str = ""
     source: str = ""  # where the numbers come from
 
@@ -97,8 +100,15 @@ MODELS = {
     # OpenAI, config.json at huggingface.co/openai/gpt-oss-120b: 36 layers, 64 heads, 8 KV heads, head_dim 64,
     # sliding_window 128, layer_types alternating sliding_attention / full_attention (18 of each). A mixture of
     # experts: the model card (arXiv 2508.10925) gives 116.8B parameters in total, 5.1B active per token.
+    # num_local_experts 128 and num_experts_per_tok 4 in every layer. The experts' parameters are counted from the
+    # shapes transformers' GptOssExperts gives this config (hidden_size 2880, intermediate_size 2880): per expert
+    # gate_up_proj [2880, 2 x 2880] with its bias and down_proj [2880, 2880] with its bias, 24,891,840 parameters,
+    # x 128 experts x 36 layers = 114.70e9. The 5.1B active less 4 experts' share leaves 1.52e9 that every token
+    # reads (attention, routers, norms, the output matrix); the 116.8B total less the experts leaves 2.10e9: those
+    # and 0.58e9 more, the 201,088 x 2880 token table, of which a token reads one row.
     "gpt-oss-120b": Config(name="gpt-oss-120b", n_layers=36, H=64, Hkv=8, d=64, total_params=116.8e9,
-                           window=128, window_layers=18, active_params=5.1e9,
+                           window=128, window_layers=18, active_params=5.1e9, experts=128, experts_per_token=4,
+                           expert_params=36 * 128 * (2880 * 2 * 2880 + 2 * 2880 + 2880 * 2880 + 2880),
                            source=_HF + "openai/gpt-oss-120b/blob/main/config.json"),
     # Qwen, config.json at huggingface.co/Qwen/Qwen3-32B: hidden_size 5120, 64 layers, num_attention_heads 64,
     # num_key_value_heads 8, head_dim 128 set on its own (5120 / 64 would be 80: the query projection is wider

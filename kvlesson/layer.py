@@ -6,14 +6,16 @@ each a function of its own so that the model's forward pass (kvlesson.model) can
     attend(q, k, v, cache, ...) -> [T, H*d]        rotate at absolute positions, append to the cache, attend
 """
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import validate
-from kvlesson.cache import Cache, rules
-from kvlesson.rope import apply_rope
+from kvlesson.cache import Cache, CacheLike, rules
+from kvlesson.rope import rotate, rotation
 from kvlesson.sdpa import attention
 
 
-def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleaved=False):
+def step(x: ArrayLike, Wq: ArrayLike, Wk: ArrayLike, Wv: ArrayLike, cache: CacheLike, H: int, Hkv: int, *,
+         window: int | None = None, rope_base: float | None = None, interleaved: bool = False) -> np.ndarray:
     """[T, D] new tokens -> [T, H*d]. Works for prefill, chunked prefill and decode alike.
 
     Wq [D, H*d], Wk and Wv [D, Hkv*d]. With rope_base, q and k are rotated at their absolute positions
@@ -31,7 +33,8 @@ def step(x, Wq, Wk, Wv, cache, H, Hkv, *, window=None, rope_base=None, interleav
     return attend(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
 
 
-def project(x, Wq, Wk, Wv, H, Hkv):
+def project(x: np.ndarray, Wq: np.ndarray, Wk: np.ndarray, Wv: np.ndarray, H: int, Hkv: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[T, D] -> q [H, T, d], k and v [Hkv, T, d]: only the new tokens are projected."""
     T = x.shape[0]
     d = Wq.shape[1] // H
@@ -41,7 +44,8 @@ def project(x, Wq, Wk, Wv, H, Hkv):
     return q, k, v
 
 
-def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: CacheLike, *, window: int | None = None,
+           rope_base: float | None = None, interleaved: bool = False) -> np.ndarray:
     """[H, T, d] new queries, [Hkv, T, d] new keys and values -> [T, H*d]: the second half of step.
 
     Rotates q and k at their absolute positions len(cache) + i (or where the cache says they sit), appends k and v
@@ -52,12 +56,18 @@ def attend(q, k, v, cache, *, window=None, rope_base=None, interleaved=False):
     if rope_base is not None:
         own = isinstance(cache, Cache)
         positions = cache.positions(T) if own else np.arange(len(cache), len(cache) + T)  # S - T + i, absolute
-        q = apply_rope(q, positions, rope_base, interleaved=interleaved)
-        k = apply_rope(k, positions, rope_base, interleaved=interleaved)
+        q, k = turn(q, k, positions, rope_base, interleaved)
     K, V = cache.append(k, v)  # [Hkv, S, d]
     mask = cache.mask(T) if isinstance(cache, Cache) else None  # a cache's own rule includes any window it has
     out = attention(q, K, V, window=window if mask is None else None, mask=mask)
     return out.transpose(1, 0, 2).reshape(T, H * d)  # [T, H*d]
+
+
+def turn(q, k, positions, rope_base, interleaved):
+    """q [H, T, d] and k [Hkv, T, d] rotated at the same positions, in one pass over both (kvlesson.rope)."""
+    H = q.shape[0]
+    qk = rotate(np.concatenate([q, k]), *rotation(positions, q.shape[-1], rope_base, q.dtype), interleaved)
+    return qk[:H], qk[H:]
 
 
 def _check(x, Wq, Wk, Wv, cache, H, Hkv):

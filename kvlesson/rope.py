@@ -9,11 +9,12 @@ import functools
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import validate
 
 
-def inv_freq(d, base=10000.0, scaling=None):
+def inv_freq(d: int, base: float = 10000.0, scaling: dict | None = None) -> np.ndarray:
     """-> float64 [d/2]: the frequency ladder, base**(-2m/d) radians per position for pair m.
 
     scaling: None, or the `rope_scaling` dict of a model's config.json, which stretches the ladder for a longer
@@ -98,15 +99,17 @@ def rope_angles(positions, d, base=10000.0):
     return _positions(positions)[:, None] * inv_freq(d, base)[None, :]
 
 
-# A decode step rotates q and k in every layer at the same positions, so the cos and sin tables are kept: keyed
-# by the positions and by the ladder's own bytes (whatever inv_freq returns, a patched one included) and dtype.
+# A decode step rotates q and k in every layer at the same positions, so the tables are kept: keyed by the positions,
+# the ladder's own bytes (whatever inv_freq returns, a patched one included), the dtype and the pairing.
 _TABLES = {}
 _MAX_TABLES = 64
 
 
-def _cos_sin(positions, ladder, dtype):
-    """float64 [T], float64 [d/2], dtype -> read-only (cos, sin), each [T, d/2] in dtype."""
-    key = (positions.tobytes(), ladder.tobytes(), dtype.str)
+def rotation(positions, d, base, dtype):
+    """[T] positions -> read-only (cos, sin), each [T, d/2] in dtype: the tables `rotate` turns by. Cached."""
+    ladder = inv_freq(d, base)  # looked up each time, so that a stretched ladder (lesson 11) takes effect
+    positions = np.asarray(positions, dtype=np.float64)
+    key = (positions.tobytes(), ladder.tobytes(), np.dtype(dtype).str)
     tables = _TABLES.get(key)
     if tables is None:
         angles = positions[:, None] * ladder[None, :]  # [T, d/2], float64: see apply_rope
@@ -117,6 +120,18 @@ def _cos_sin(positions, ladder, dtype):
             _TABLES.clear()
         _TABLES[key] = tables
     return tables
+
+
+def rotate(x, cos, sin, interleaved=False):
+    """[..., T, d], tables [T, d/2] -> [..., T, d]: each pair (x1, x2) turned to (x1 cos - x2 sin, x1 sin + x2 cos).
+    No checks: apply_rope makes them, and the model's forward pass calls this with its own, already checked, data."""
+    d = x.shape[-1]
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., : d // 2], x[..., d // 2 :])
+    out = np.empty_like(x)
+    o1, o2 = (out[..., 0::2], out[..., 1::2]) if interleaved else (out[..., : d // 2], out[..., d // 2 :])
+    np.subtract(x1 * cos, x2 * sin, out=o1)  # [..., T, d/2]
+    np.add(x1 * sin, x2 * cos, out=o2)
+    return out
 
 
 def _positions(positions):
@@ -132,7 +147,7 @@ def _positions(positions):
     return p
 
 
-def apply_rope(x, positions, base=10000.0, *, interleaved=False):
+def apply_rope(x: ArrayLike, positions: ArrayLike, base: float = 10000.0, *, interleaved: bool = False) -> np.ndarray:
     """[..., T, d], [T] absolute positions -> [..., T, d], in the dtype of x.
 
     The angles are computed in float64 (positions reach the thousands, where float32 loses
@@ -146,16 +161,4 @@ def apply_rope(x, positions, base=10000.0, *, interleaved=False):
     positions = _positions(positions)
     if positions.shape != (x.shape[-2],):
         raise ValueError(f"need one position per token: x {x.shape} has T={x.shape[-2]}, positions {positions.shape}")
-    cos, sin = _cos_sin(positions, inv_freq(d, base), x.dtype)  # [T, d/2] each
-    if interleaved:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    else:
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    r1 = x1 * cos - x2 * sin  # [..., T, d/2]
-    r2 = x1 * sin + x2 * cos
-    out = np.empty_like(x)
-    if interleaved:
-        out[..., 0::2], out[..., 1::2] = r1, r2
-    else:
-        out[..., : d // 2], out[..., d // 2 :] = r1, r2
-    return out
+    return rotate(x, *rotation(positions, d, base, x.dtype), interleaved)

@@ -1,12 +1,14 @@
 """Scaled dot-product attention (sdpa) with the offset causal mask and grouped KV heads."""
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import validate
 
 
-def causal_mask(T, S, window=None):
+def causal_mask(T: int, S: int, window: int | None = None) -> np.ndarray:
     """(T, S) -> bool [T, S]: True where query i may see key j.
 
     Query i sits at absolute position S - T + i, so it sees every key j <= S - T + i.
@@ -23,7 +25,7 @@ def causal_mask(T, S, window=None):
     return mask
 
 
-def tree_mask(parents, S):
+def tree_mask(parents: Sequence[int], S: int) -> np.ndarray:
     """parents: T ints, parents[i] < i or -1 (a child of the last cached token) -> bool [T, S + T].
 
     Node i of a tree of T new tokens (speculative decoding's drafts, lesson 14) sees every one of the S cached keys
@@ -40,7 +42,7 @@ def tree_mask(parents, S):
     return np.concatenate([np.ones((T, S), bool), ancestors], axis=1)
 
 
-def tree_depths(parents):
+def tree_depths(parents: Sequence[int]) -> np.ndarray:
     """-> int [T]: each node's depth, 0 for a child of the last cached token; node i sits at position S + depth."""
     parents = _parents(parents)
     depth = np.zeros(len(parents), dtype=np.intp)
@@ -59,7 +61,8 @@ def _parents(parents):
     return parents
 
 
-def attention(q, k, v, *, window=None, mask=None):
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = None,
+              mask: ArrayLike | None = None) -> np.ndarray:
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], in the dtype of q.
 
     Query i sits at position S - T + i of the keys it is given, and sees key j when j <= S - T + i

@@ -47,27 +47,9 @@ import numpy as np
 
 from kvlesson import llama
 from kvlesson.costs import flops
+from kvlesson.costs.roofline import matvec_bandwidth
 from kvlesson.text import NAME as text_name
 from kvlesson.text import long_text
-
-
-def matvec_bandwidth(n=8192, repeats=5):
-    """Bytes per second a large float32 matrix-vector product streams (the n*n*4-byte matrix dominates).
-
-    Both memory orders are timed and the faster one counts, so the floor it sets is the stricter one.
-    """
-    W = np.ones((n, n), np.float32)
-    x = np.ones((1, n), np.float32)
-    best = 0.0
-    for M in (W, W.T):  # rows of [in, out], then rows of [out, in]
-        x @ M  # first touch
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            x @ M
-            times.append(time.perf_counter() - t)
-        best = max(best, W.nbytes / statistics.median(times))
-    return best
 
 
 def layout_check(model, repeats=5):

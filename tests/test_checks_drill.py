@@ -12,33 +12,45 @@ from kvlesson.teaching.drill import lineup, model_tests
 # ---------------------------------------------------------------------------------------------- pricing, by hand
 
 
-def head_dim(c, from_width=False):
-    return c["hidden_size"] // c["num_attention_heads"] if from_width else c.get("head_dim") or \
-        c["hidden_size"] // c["num_attention_heads"]
+def head_dim(c, from_width=False, guess=None):
+    if from_width:
+        return c["hidden_size"] // c["num_attention_heads"]
+    return c.get("head_dim") or guess or c["hidden_size"] // c["num_attention_heads"]
 
 
-def per_token(c, b, heads="num_key_value_heads", factor=2, from_width=False):
-    return factor * c["num_hidden_layers"] * c[heads] * head_dim(c, from_width) * b
+def per_token(c, b, heads="num_key_value_heads", factor=2, from_width=False, guess=None):
+    return factor * c["num_hidden_layers"] * c[heads] * head_dim(c, from_width, guess) * b
 
 
-def windowed(c, layer_types=True):
+def windowed(c, layer_types=True, flag=True):
     W = c.get("sliding_window")
-    if W is None or c.get("use_sliding_window") is False:
+    if W is None or flag and c.get("use_sliding_window") is False:
         return 0, None
     if layer_types and "layer_types" in c:
         return c["layer_types"].count("sliding_attention"), W
     return c["num_hidden_layers"], W
 
 
-def at(c, t, b, keep=0, layer_types=True, ignore_window=False, **kw):
-    n, W = (0, None) if ignore_window else windowed(c, layer_types)
+def at(c, t, b, keep=0, layer_types=True, ignore_window=False, flag=True, **kw):
+    n, W = (0, None) if ignore_window else windowed(c, layer_types, flag)
     L = c["num_hidden_layers"]
     return per_token(c, b, **kw) / L * ((L - n) * t + n * min(t, (W or 0) + keep))
 
 
-def floor(c, p, a, t, B, weights=2, per_sequence=False, kv=True, batch_kv=True, unit=1e3, **kw):
+def experts_read(c, B, rule="union"):
+    """Experts per layer a step of B tokens reads: by the formula, or by one of the slips below."""
+    E, k = c.get("num_local_experts"), c.get("num_experts_per_tok")
+    if E is None:
+        return 0
+    return {"union": E * (1 - (1 - k / E) ** B), "one token": k, "no sharing": min(E, k * B), "all": E,
+            "with replacement": E * (1 - (1 - 1 / E) ** (k * B)), "linear": k * B}[rule]
+
+
+def floor(c, p, a, t, B, weights=2, per_sequence=False, kv=True, batch_kv=True, unit=1e3, experts="union", **kw):
+    k = c.get("num_experts_per_tok") or 0
+    read = p.active + (experts_read(c, B, experts) - k) * p.experts / (c.get("num_local_experts") or 1)
     cache = at(c, t, 2, **kw) * (B if batch_kv else 1) if kv else 0
-    return (p * weights * (B if per_sequence else 1) + cache) / a.bandwidth * unit
+    return (read * weights * (B if per_sequence else 1) + cache) / a.bandwidth * unit
 
 
 def test_the_references_pass():
@@ -69,6 +81,10 @@ def test_the_cases_cover_each_trap():
     (lambda c, b: per_token(c, b) / b, ["numbers, not bytes"]),
     (lambda c, b: per_token(c, b) * (1 - windowed(c)[0] / c["num_hidden_layers"]), ["Mistral", "windowed layers"]),
     (lambda c, b: per_token(c, b) + 1, ["131,073 B", "2 (K and V)"]),
+    (lambda c, b: per_token(c, b, guess=128), ["Qwen2.5-0.5B", "24,576 B; expected 12,288 B", "as 128",
+                                               "896 / 14 = 64"]),
+    (lambda c, b: 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * 128 * b,
+     ["gpt-oss-120b", "147,456 B; expected 73,728 B"]),
     (lambda c, b: 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * b, ["KeyError"]),
     (lambda c, b: str(per_token(c, b)), ["the string '131072'"]),
     (lambda c, b: None, ["returned None"]),
@@ -83,7 +99,10 @@ def test_bytes_per_token_names_the_mistake(wrong, words):
 
 @pytest.mark.parametrize("wrong, words", [
     (lambda c, t, b: at(c, t, b, ignore_window=True), ["Mistral 7B v0.1 at 32,768", "ignores the sliding window",
-                                                       "min(context, W)"]),
+                                                       "at most W positions"]),
+    (lambda c, t, b: at(c, t, b, flag=False), ["Qwen2.5-0.5B at 65,536", "a window the config switches off",
+                                               "use_sliding_window false"]),
+    (lambda c, t, b: at(c, t, b, guess=128), ["Qwen2.5-0.5B", "as 128 where the config sets none", "896 / 14 = 64"]),
     (lambda c, t, b: at(c, t, b, keep=-1), ["W - 1", "peak of a decode step"]),
     (lambda c, t, b: at(c, t, b, layer_types=False), ["gpt-oss-120b at 131,072", "windows every layer",
                                                                          "layer_types"]),
@@ -112,10 +131,26 @@ def test_bytes_at_names_the_mistake(wrong, words):
     (lambda c, p, a, t, B: floor(c, p, a, t, B, ignore_window=True), ["gpt-oss-120b", "ignores the sliding window"]),
     (lambda c, p, a, t, B: floor(c, p, a, t, B, weights=4), ["4 bytes per weight"]),
     (lambda c, p, a, t, B: floor(c, p, a, t, B, weights=1), ["1 byte per weight"]),
-    (lambda c, p, a, t, B: floor(c, p, a, t, B, keep=-1), ["gpt-oss-120b", "14.5947 ms; expected 14.5948 ms",
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, keep=-1), ["gpt-oss-120b", "3.13632 ms; expected 3.13633 ms",
                                                            "W - 1"]),
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, flag=False), ["Qwen2.5-0.5B", "a window the config switches off"]),
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, guess=128), ["Qwen2.5-0.5B", "head dim as 128"]),
+    # the mixture of experts, issue 18: a batch reads the union of its tokens' experts
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, experts="one token"),
+     ["gpt-oss-120b on an H100 SXM, 8,192 tokens, batch 16", "you return 4.51", "expected 29.64", "one token's experts",
+      "at least one token picks"]),
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, experts="no sharing"), ["as if no two shared one", "picked by none"]),
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, experts="all"), ["every expert at every batch"]),
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, experts="with replacement"), ["with replacement", "1 - k/E"]),
+    (lambda c, p, a, t, B: floor(c, p, a, t, B, experts="linear"), ["gpt-oss-120b", "batch 16"]),  # k x B, unbounded
+    (lambda c, p, a, t, B: (p.active * 2 + at(c, t, 2) * B) / a.bandwidth * 1e3,  # the old reference itself
+     ["batch 16", "one token's experts"]),
+    (lambda c, p, a, t, B: floor(c, p, a, t, B) if B == 1 or not p.experts else
+     floor(c, p, a, t, B, experts="one token") * 6.57,
+     ["gpt-oss-120b", "batch 16", "a batch of a mixture of experts reads more"]),  # near, for no reason: the hint
     (lambda c, p, a, t, B: floor(c, p, a, t, B) * 1.001, ["you return 4.959 ms; expected 4.954 ms", "accel.bandwidth"]),
     (lambda c, p, a, t, B: floor(c, p, a.bandwidth, t, B), ["AttributeError"]),
+    (lambda c, p, a, t, B: floor(c, p.active, a, t, B), ["AttributeError"]),  # params is Params, not a number
 ])
 def test_decode_floor_names_the_mistake(wrong, words):
     verdict = checks.check_config_decode_floor(wrong)
@@ -144,7 +179,7 @@ def test_the_pricing_checkers_recognise_an_unfilled_exercise():
 
 # ---------------------------------------------------------------------------------------------- find the bug
 
-LABEL = {lineup._LINEUP[label].key: label for label in lineup.LABELS}
+LABEL = {lineup.case(label).key: label for label in lineup.LABELS}
 
 
 def check(key):
@@ -156,7 +191,7 @@ def test_every_label_has_a_checker_whose_reference_passes():
     for label in lineup.LABELS:
         checker = getattr(checks, f"check_suspect_{label.lower()}")
         verdict = checker(checker.reference)
-        assert verdict and f"Suspect {label} was {lineup._LINEUP[label].key}" in verdict.summary, verdict
+        assert verdict and f"Suspect {label} was {lineup.case(label).key}" in verdict.summary, verdict
     assert len(lineup.LABELS) == len([n for n in drill_checks.__all__ if n.startswith("check_suspect_")])
 
 
@@ -217,6 +252,28 @@ def calls_vars(suspect):
     assert vars(suspect)
 
 
+def uses_inspect(suspect):
+    import inspect
+    assert "top_left" not in repr(inspect.getclosurevars(suspect))
+
+
+def reads_a_traceback(suspect):
+    import traceback
+    try:
+        suspect(q, k)
+    except TypeError as e:
+        assert "top_left" not in "".join(traceback.format_tb(e.__traceback__))
+
+
+def borrows_the_reference(suspect):
+    checks.check_suspect_d.reference(suspect)
+
+
+def uses_sys_modules(suspect):
+    import sys
+    assert sys.modules["kvlesson.teaching.drill.lineup"].case("D")
+
+
 @pytest.mark.parametrize("test, words", [
     (never_calls, ["never calls suspect", "assert on what it returns"]),
     (convicts_everyone, ["fails on suspect", "on its correct twin alike", "AssertionError: guilty, at line 3 of your "
@@ -227,11 +284,15 @@ def calls_vars(suspect):
                "drill.suspect("]),
     (upside_down, ["passes on suspect", "fails on its correct twin", "upside down"]),
     (no_argument, ["could not be called with the suspect", "exactly one argument"]),
-    (recognises_the_wrong_answer, ["scaled and shifted", "recognises this suspect's wrong answers"]),
+    (recognises_the_wrong_answer, ["every number is moved", "recognises this suspect's wrong answers"]),
     (reads_a_private_attribute, ["reads ._impl", "interface only"]),
     (uses_the_lineup, ["uses kvlesson.teaching.drill"]),
-    (calls_getattr, ["calls getattr()"]),
-    (calls_vars, ["calls vars()"]),
+    (calls_getattr, ["uses getattr", "reaches past the interface"]),
+    (calls_vars, ["uses vars", "reaches past the interface"]),
+    (uses_inspect, ["uses inspect"]),
+    (reads_a_traceback, ["uses traceback"]),
+    (uses_sys_modules, ["uses sys"]),
+    (borrows_the_reference, ["its reference test, the answer itself"]),
     ("not a function", ["expected your test function itself", "check_suspect_"]),
 ])
 def test_the_mask_suspect_refuses_what_is_not_a_test(test, words):
@@ -323,3 +384,40 @@ def test_each_suspect_recognises_an_unfilled_test():
 
 def test_the_package_is_importable_as_the_notebook_uses_it():
     assert kvlesson.teaching.drill.LABELS == lineup.LABELS
+
+
+def test_the_source_check_reads_a_lambda_not_the_line_around_it():
+    """The lambda's source is its whole line, checker call included: only the lambda itself is read."""
+    verdict = check(MASK)(lambda suspect: None)
+    assert not verdict and "never calls suspect" in verdict.problem
+    verdict = check(MASK)(lambda suspect: checks.check_suspect_d.reference(suspect))
+    assert not verdict and "the answer itself" in verdict.problem
+
+
+def test_a_test_may_fail_the_pytest_way_but_a_skip_is_no_verdict():
+    """pytest.fail and pytest.skip raise BaseExceptions, which escaped the runner before (issue 18)."""
+    def fails_with_pytest(suspect):
+        if not np.allclose(suspect(q[:, 6:], k, v), attention(q[:, 6:], k, v), rtol=0, atol=1e-12):
+            pytest.fail("not the full recompute")
+
+    def skips(suspect):
+        suspect(q, k, v)
+        pytest.skip("later")
+
+    assert check(MASK)(fails_with_pytest)
+    verdict = check(MASK)(skips)
+    assert not verdict and "skipped itself" in verdict.problem and "Skipped: later" in verdict.problem
+
+
+def test_a_test_that_never_ends_is_stopped(monkeypatch):
+    from kvlesson.teaching import verdict as runner
+
+    monkeypatch.setattr(runner, "TIME_LIMIT", 0.2)
+
+    def waits_forever(suspect):
+        suspect(q, k, v)
+        while True:
+            pass
+
+    got = check(MASK)(waits_forever)
+    assert not got and "crashed on the correct version" in got.problem and "TimeUp" in got.problem

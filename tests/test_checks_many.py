@@ -1,11 +1,19 @@
 """The lesson 09 checkers pass kvlesson's own answers and name each typical mistake."""
+import math
+
 import numpy as np
 import pytest
 
 from kvlesson.sdpa import causal_mask
-from kvlesson.serving.padding import pad_mask
+from kvlesson.serving.padding import pad_mask, pad_positions
 from kvlesson.serving.paged import PagedKVCache
-from kvlesson.teaching.checks import check_copy_on_write, check_pad_mask, check_read_pages
+from kvlesson.teaching.checks import (
+    check_copy_on_write,
+    check_pad_mask,
+    check_pad_positions,
+    check_paging_cost,
+    check_read_pages,
+)
 from tests.helpers import reserve_without_copy
 
 
@@ -52,6 +60,103 @@ def test_pad_mask_checker_passes_the_package_and_any_finite_pad_rows():
 ])
 def test_pad_mask_checker_names_the_mistake(wrong, words):
     verdict = check_pad_mask(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+# ---- the positions of a padded batch
+
+
+def pos_cols(pads, T, S):
+    return np.arange(S - T, S)[None, :], np.asarray(pads)[:, None]
+
+
+def pads_at_minus_one(pads, T, S):
+    """Right for real columns; pad columns get -1 (any whole number will do: nothing real reads them)."""
+    col, first = pos_cols(pads, T, S)
+    return np.where(col >= first, col - first, -1)
+
+
+def test_pad_positions_checker_passes_the_package_and_any_whole_pad_positions():
+    assert check_pad_positions(pad_positions)
+    assert check_pad_positions(pads_at_minus_one)
+    assert check_pad_positions(lambda p, T, S: pos_cols(p, T, S)[0] - pos_cols(p, T, S)[1])  # negative pads
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda p, T, S: np.broadcast_to(pos_cols(p, T, S)[0], (len(p), T)), "the positions are the columns"),
+    (lambda p, T, S: np.broadcast_to(np.arange(T), (len(p), T)) - pos_cols(p, T, S)[1],
+     "leave out the columns already in the batch"),
+    (lambda p, T, S: np.where(T == S, np.arange(T) - pos_cols(p, T, S)[1], np.arange(T)[None, :] + 0 * p[:, None]),
+     "start again at 0 in every step"),
+    (lambda p, T, S: pos_cols(p, T, S)[0] - pos_cols(p, T, S)[1] + 1, "one too high"),
+    (lambda p, T, S: pos_cols(p, T, S)[0] - pos_cols(p, T, S)[1] - 1, "one too low"),
+    (lambda p, T, S: np.broadcast_to(S - 1 - pos_cols(p, T, S)[0], (len(p), T)) - 0, "count down"),
+    (lambda p, T, S: np.maximum(pos_cols(p, T, S)[0] - pos_cols(p, T, S)[1], 0).T, "not [T, B]"),
+    (lambda p, T, S: pad_positions(p, T, S)[:, :1], "expected (3, 5)"),
+    (lambda p, T, S: pad_positions(p, T, S).astype(float), "expected integers"),
+    (lambda p, T, S: pad_positions(p, T, S) * (pos_cols(p, T, S)[0] < S - 1), "gets position 0"),
+    (lambda p, T, S: pad_positions(p, T, S) + (T == 1), "a decode step"),  # right for prefills only
+    (lambda p, T, S: None, "returned None"),
+])
+def test_pad_positions_checker_names_the_mistake(wrong, words):
+    verdict = check_pad_positions(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+def test_the_pad_positions_checker_does_not_let_its_pads_be_changed_to_pass():
+    def zero_the_pads(p, T, S):
+        p[:] = 0
+        return np.broadcast_to(np.arange(S - T, S), (len(p), T))
+    assert not check_pad_positions(zero_the_pads)
+
+
+# ---- what a block size costs
+
+
+def paging_cost(lengths, block_size):
+    blocks = -(-np.asarray(lengths) // block_size)
+    return 1 - np.sum(lengths) / (block_size * blocks.sum()), blocks.mean()
+
+
+def test_paging_cost_checker_passes_the_reference_in_any_form():
+    assert check_paging_cost(paging_cost)
+    assert check_paging_cost(lambda L, bs: list(paging_cost(L, bs)))  # a list of two numbers is a pair too
+    assert check_paging_cost(lambda L, bs: (float(sum(b * bs - n for n, b in ((n, math.ceil(n / bs)) for n in L)))
+                                            / (bs * sum(math.ceil(n / bs) for n in L)),
+                                            sum(math.ceil(n / bs) for n in L) / len(L)))  # Python, no numpy
+
+
+def with_blocks(blocks):
+    def cost(L, bs):
+        L = np.asarray(L)
+        n = blocks(L, bs)
+        return 1 - L.sum() / (bs * n.sum()), n.mean()
+    return cost
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (with_blocks(lambda L, bs: L // bs), "partly filled block of each sequence is missing"),
+    (with_blocks(lambda L, bs: L // bs + 1), "one block too many"),
+    (with_blocks(lambda L, bs: L / bs), "the blocks are fractions"),
+    (with_blocks(lambda L, bs: np.maximum(-(-L // bs), 1)), "an empty sequence holds a block"),
+    (lambda L, bs: (np.mean([1 - n / (bs * math.ceil(n / bs)) for n in L if n]), paging_cost(L, bs)[1]),
+     "each sequence's share averaged"),
+    (lambda L, bs: ((bs * (-(-L // bs)).sum() - L.sum()) / L.sum(), paging_cost(L, bs)[1]),
+     "counted against the tokens"),
+    (lambda L, bs: (paging_cost(L, bs)[0], (-(-L // bs)).sum()), "blocks of all sequences together"),
+    (lambda L, bs: (paging_cost(L, bs)[0], (-(-L // bs)).max()), "the longest table's"),
+    (lambda L, bs: (paging_cost(L, bs)[0], L.mean() / bs), "not rounded per sequence"),
+    (lambda L, bs: (100 * paging_cost(L, bs)[0], paging_cost(L, bs)[1]), "the waste is a percentage"),
+    (lambda L, bs: (paging_cost(L, bs)[0] + 1e-3, paging_cost(L, bs)[1]), "the waste is 0.1885; expected 0.1875"),
+    (lambda L, bs: paging_cost(L, bs)[0], "expected two numbers"),
+    (lambda L, bs: f"{paging_cost(L, bs)}", "expected two numbers"),
+    (lambda L, bs: (float("nan"), 1.0), "returned nan"),
+    (lambda L, bs: (paging_cost(L, bs)[0], paging_cost(L, bs)[1], 0), "expected two numbers"),
+    (lambda L, bs: np.array(paging_cost(L, bs)[0]), "expected two numbers"),  # a 0-d array has no length
+    (lambda L, bs: np.array([paging_cost(L, bs)]), "expected two numbers"),  # [1, 2]: one row of two
+])
+def test_paging_cost_checker_names_the_mistake(wrong, words):
+    verdict = check_paging_cost(wrong)
     assert not verdict and words in repr(verdict), repr(verdict)
 
 
@@ -160,13 +265,77 @@ class Stub(PagedKVCache):
         raise NotImplementedError("your turn")
 
 
+def cow(when=lambda T, partial, shared: T > 0 and partial and shared, copy=None, fresh=None, swap=True):
+    """A reserve in the lesson's shape with one part swapped: when it copies, what it copies, how many new blocks it
+    counts, whether the copy goes into the table."""
+    def copy_all(pool, old, new):
+        pool.k[:, new], pool.v[:, new] = pool.k[:, old], pool.v[:, old]
+
+    def reserve(self, seq, T):
+        table, L, bs = self._table(seq), self._lens[seq], self.block_size
+        copy = bool(table) and when(T, L % bs != 0, self.refs[table[-1]] > 1)
+        new_blocks = (fresh or (lambda L, T, bs: -(-(L + T) // bs)))(L, T, bs) - len(table)
+        if new_blocks + copy > self.blocks_free:
+            raise ValueError("out of blocks")
+        if copy:
+            old, new = table[-1], self._take()
+            (copy_fn or copy_all)(self, old, new)
+            self.refs[old] -= 1
+            if swap:
+                table[-1] = new
+        table.extend(self._take() for _ in range(max(new_blocks, 0)))
+        self._lens[seq] = L + T
+        p = np.arange(L, L + T)
+        return np.asarray(table, dtype=np.intp)[p // bs], p % bs
+
+    copy_fn = copy
+    return type("Cow", (PagedKVCache,), {"reserve": reserve})
+
+
+def keys_only(pool, old, new):
+    pool.k[:, new] = pool.k[:, old]
+
+
+def head_zero_only(pool, old, new):
+    pool.k[0, new], pool.v[0, new] = pool.k[0, old], pool.v[0, old]
+
+
+def block_axis_first(pool, old, new):
+    pool.k[new], pool.v[new] = pool.k[old], pool.v[old]  # the pool is [Hkv, n_blocks, ...]: this copies heads
+
+
+def test_the_lesson_shaped_reserve_passes():
+    assert check_copy_on_write(cow())
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (cow(copy=keys_only), "keys are right but its values are not"),
+    (cow(copy=head_zero_only), "KV head 0 is right, but KV head 1 is not"),
+    (cow(copy=block_axis_first), "raised IndexError"),
+    (cow(when=lambda T, partial, shared: T > 0 and partial), "no other sequence reads this sequence's last block"),
+    (cow(when=lambda T, partial, shared: partial and shared), "an append of T = 0 positions writes nothing"),
+    (cow(when=lambda T, partial, shared: T > 0 and shared), "nobody will write into it again"),
+    (cow(swap=False), "the copy must take the old block's place"),
+    (cow(fresh=lambda L, T, bs: (L + T) // bs + 1), "the table grew by more blocks than the new positions need"),
+    (cow(fresh=lambda L, T, bs: (L + T) // bs), "raised IndexError"),
+])
+def test_copy_on_write_checker_catches_a_partial_copy_and_names_it(wrong, words):
+    verdict = check_copy_on_write(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+def test_copy_on_write_hints_count_blocks_in_good_english():
+    verdict = check_copy_on_write(cow(when=lambda T, partial, shared: T > 0 and partial))
+    assert "1 free blocks" not in repr(verdict) and "free block" in repr(verdict), repr(verdict)
+
+
 def test_copy_on_write_checker_passes_the_package():
     assert check_copy_on_write(PagedKVCache)
 
 
 @pytest.mark.parametrize("wrong, words", [
     (NoCopy, "more blocks are free than should be"),
-    (CopiesFullBlocks, "a full shared block is never written again"),
+    (CopiesFullBlocks, "nobody will write into it again"),
     (KeepsTheOldReference, "refs[old] -= 1"),
     (ChecksTooLate, "raised ValueError but changed state first"),
     (NeverRefuses, "your append went through"),

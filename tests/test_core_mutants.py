@@ -10,7 +10,7 @@ import pytest
 
 import kvlesson.layer
 import kvlesson.sdpa
-from kvlesson import KVCache, WindowKVCache, apply_rope
+from kvlesson import KVCache, WindowKVCache
 from kvlesson.cache import Cache
 from tests.helpers import reference, run_chunks
 
@@ -41,11 +41,13 @@ def test_tril_mask_anchored_top_left_is_caught():
 
 def test_rope_at_local_positions_is_caught():
     """Rotating by 0..T-1 inside each chunk instead of len(cache) + i."""
-    def local_rope(x, positions, base=10000.0, *, interleaved=False):
-        return apply_rope(x, np.arange(len(positions)), base, interleaved=interleaved)
+    real = kvlesson.layer.turn
+
+    def local_rope(q, k, positions, base, interleaved):
+        return real(q, k, np.arange(len(positions)), base, interleaved)
 
     case = {**CASE, "rope_base": 10000.0}
-    with mock.patch.object(kvlesson.layer, "apply_rope", local_rope):
+    with mock.patch.object(kvlesson.layer, "turn", local_rope):
         assert mismatches(case, KVCache(2, 4))
 
 

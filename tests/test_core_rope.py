@@ -73,6 +73,6 @@ def test_the_kept_tables_follow_the_ladder_a_patch_included():
         stretched = apply_rope(x, [5, 6, 7])
     assert not np.allclose(plain, stretched)
     np.testing.assert_array_equal(apply_rope(x, [5, 6, 7]), plain)
-    cos, _ = rope._cos_sin(np.arange(3.0), rope.inv_freq(8), np.dtype(np.float64))
+    cos, _ = rope.rotation(np.arange(3.0), 8, 10000.0, np.float64)
     with pytest.raises(ValueError):
         cos[0, 0] = 1.0

@@ -4,7 +4,11 @@ The suspects' tests run the way tests of a cache always run here: every correct 
 random shapes and chunkings, and every broken suspect against its twin on an input its bug cannot hide from (and on
 the inputs where the lessons say it hides, to show the bug is the only difference).
 """
+import inspect
+import itertools
 import math
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -16,7 +20,7 @@ from kvlesson.configs import ACCELERATORS, MODELS
 from kvlesson.costs import memory
 from kvlesson.teaching import checks
 from kvlesson.teaching.drill import lineup, model_tests, pricing, suspects
-from kvlesson.teaching.drill.score import ScoreSheet
+from kvlesson.teaching.drill.score import PLAN, ScoreSheet
 from tests.test_core_properties import layers, reference, run_chunks
 
 CASES = {c.key: c for c in suspects.CASES}
@@ -30,6 +34,41 @@ def test_each_config_names_its_source_and_agrees_with_the_package_table(name):
     s, m = pricing.spec(pricing.config(name)), MODELS[name]
     assert (s.n_layers, s.H, s.Hkv, s.d, s.window, s.window_layers) == (m.n_layers, m.H, m.Hkv, m.d, m.window,
                                                                         m.window_layers)
+
+
+@pytest.mark.parametrize("name", list(pricing.HELD_OUT))
+def test_each_held_out_config_names_its_source_and_counts_its_parameters(name):
+    assert pricing.SOURCES[name].startswith("https://huggingface.co/") and pricing.SOURCES[name].endswith("config.json")
+    assert name not in pricing.CONFIGS  # the lesson never prints it
+    p = pricing.params(name)
+    assert p.active > 0 and p.experts >= 0 and pricing.kv_bytes_per_token(pricing.config(name)) > 0
+
+
+def test_the_held_out_configs_hold_the_traps_the_five_do_not():
+    """A head dim of 64 with no head_dim field (a hard-coded 128 passes all five shown), a sliding_window that
+    use_sliding_window switches off (ignoring the flag passes all five), and a second mixture of experts."""
+    qwen = pricing.config("Qwen2.5-0.5B")
+    assert "head_dim" not in qwen and pricing.spec(qwen).d == 64
+    assert all((c.get("head_dim") or 128) == pricing.spec(c).d for c in pricing.CONFIGS.values())
+    assert qwen["sliding_window"] == 32768 and qwen["use_sliding_window"] is False
+    assert pricing.kv_bytes_at(qwen, 65536) == 2 * pricing.kv_bytes_at(qwen, 32768)  # no layer stops growing
+    assert pricing.params("Qwen2.5-0.5B").active == 494_032_768  # the model card's 0.49B
+    mixtral = pricing.spec(pricing.config("Mixtral 8x7B v0.1"), params=pricing.params("Mixtral 8x7B v0.1"))
+    assert (mixtral.experts, mixtral.experts_per_token, mixtral.expert_params) == (8, 2, 45_097_156_608)
+
+
+def test_a_mixture_of_experts_needs_its_experts_counted():
+    g = pricing.config("gpt-oss-120b")
+    with pytest.raises(ValueError, match="needs Params"):
+        pricing.spec(g, params=5.1e9)
+    with pytest.raises(ValueError, match="no num_local_experts"):
+        pricing.spec(pricing.config("Llama 3.1 8B"), params=pricing.Params(8e9, 1e9))
+    with pytest.raises(ValueError, match="params.active"):
+        pricing.spec(g, params=pricing.Params(-1, 1e9))
+    with pytest.raises(ValueError, match="no parameter counts"):
+        pricing.params("Llama 9")
+    s = pricing.spec(g, params=pricing.params("gpt-oss-120b"))
+    assert (s.experts, s.experts_per_token) == (128, 4) and s.expert_params == MODELS["gpt-oss-120b"].expert_params
 
 
 def test_the_library_has_the_traps_the_drill_promises():
@@ -50,7 +89,7 @@ def test_prices_come_from_kvlesson_memory():
         for t in (0, 1, 127, 128, 129, 4096, 131072):
             assert pricing.kv_bytes_at(pricing.config(name), t) == memory.kv_bytes_per_sequence(spec, t)
         want = memory.decode_floor(spec, ACCELERATORS["A100 80GB SXM"], 1000, 3) * 1e3
-        got = pricing.decode_floor_ms(pricing.config(name), pricing.active_params(name), ACCELERATORS["A100 80GB SXM"],
+        got = pricing.decode_floor_ms(pricing.config(name), pricing.params(name), ACCELERATORS["A100 80GB SXM"],
                                       1000, 3)
         assert math.isclose(got, want, rel_tol=1e-12)
 
@@ -110,11 +149,12 @@ def test_config_hands_out_copies():
 @pytest.mark.parametrize("case", suspects.CASES, ids=lambda c: c.key)
 def test_every_suspect_differs_from_its_twin_and_its_test_tells_them_apart(case):
     """The model test fails on the broken suspect and passes on its twin (and on kvlesson's own): an input where
-    they differ. A copy of the suspect with shifted outputs fails it too."""
-    label = next(lab for lab, c in lineup._LINEUP.items() if c is case)
+    they differ. A copy of the suspect with every number moved fails it too (or crashes: a moved len or window
+    sends kvlesson.step out of its shapes)."""
+    label = next(lab for lab in lineup.LABELS if lineup.case(lab) is case)
     outcomes = {v: lineup.run(model_tests.TESTS[case.key], label, v) for v in lineup.versions(label)}
     assert outcomes["correct"].status == "pass" and outcomes["broken"].status == "fail"
-    assert outcomes.get("kvlesson", outcomes["correct"]).status == "pass" and outcomes["shifted"].status == "fail"
+    assert outcomes.get("kvlesson", outcomes["correct"]).status == "pass" and outcomes["shifted"].status != "pass"
 
 
 def _qkv(H, Hkv, T, S, d, seed=0, dtype=np.float64):
@@ -246,7 +286,7 @@ def test_suspects_refuse_bad_input_like_the_package():
 
 
 def test_the_lineup_is_a_fixed_shuffle_with_neutral_interfaces():
-    keys = [lineup._LINEUP[label].key for label in lineup.LABELS]
+    keys = [lineup.case(label).key for label in lineup.LABELS]
     assert sorted(keys) == sorted(c.key for c in suspects.CASES) and keys != [c.key for c in suspects.CASES]
     for label in lineup.LABELS:
         text = lineup.interface(label).lower()
@@ -257,7 +297,7 @@ def test_the_lineup_is_a_fixed_shuffle_with_neutral_interfaces():
 
 
 def test_the_veil_shows_only_the_interface():
-    label = next(lab for lab, c in lineup._LINEUP.items() if c.key == "the newest-first cache")
+    label = next(lab for lab in lineup.LABELS if lineup.case(lab).key == "the newest-first cache")
     cache = lineup.suspect(label)(2, 4)
     for name in ("k", "_seen", "newest_first", "__dict__"):
         with pytest.raises(AttributeError):
@@ -270,7 +310,7 @@ def test_the_veil_shows_only_the_interface():
 
 
 def test_a_pool_sequence_is_veiled_too():
-    label = next(lab for lab, c in lineup._LINEUP.items() if c.key == "copy-on-write forgotten")
+    label = next(lab for lab in lineup.LABELS if lineup.case(lab).key == "copy-on-write forgotten")
     pool = lineup.suspect(label)(4, 2, 1, 1)
     view = pool.sequence(pool.new_sequence())
     for obj, name in ((view, "pool"), (pool, "refs"), (pool, "_tables")):
@@ -280,7 +320,7 @@ def test_a_pool_sequence_is_veiled_too():
 
 
 def test_explored_suspects_stop_working_while_a_test_is_judged():
-    label = next(lab for lab, c in lineup._LINEUP.items() if c.key == "the top-left mask")
+    label = next(lab for lab in lineup.LABELS if lineup.case(lab).key == "the top-left mask")
     explored = lineup.suspect(label)
     q, k, v = _qkv(4, 2, 3, 5, 4)
 
@@ -293,7 +333,7 @@ def test_explored_suspects_stop_working_while_a_test_is_judged():
 
 
 def test_run_reports_errors_from_the_suspect_and_restores_the_seal():
-    label = next(lab for lab, c in lineup._LINEUP.items() if c.key == "the top-left mask")
+    label = next(lab for lab in lineup.LABELS if lineup.case(lab).key == "the top-left mask")
 
     def bad_shapes(suspect):
         suspect(*_qkv(3, 2, 2, 4, 4))
@@ -307,6 +347,172 @@ def test_run_reports_errors_from_the_suspect_and_restores_the_seal():
         lineup.interface("Z")
 
 
+# ---------------------------------------------------------------------------------------------- the old cheats
+# Issue 18: each of these convicted suspects without reading an output, or read the answer. Each must now fail.
+
+MASK = "the top-left mask"
+
+
+def _label(key):
+    return next(lab for lab in lineup.LABELS if lineup.case(lab).key == key)
+
+
+def _check(key):
+    return getattr(checks, f"check_suspect_{_label(key).lower()}")
+
+
+runs = itertools.count()  # module state a test may keep between the versions it runs on
+
+
+def counts_its_runs(suspect):
+    """Passed versions 0 and 2 of the old fixed order (correct, broken, kvlesson, shifted), failed 1 and 3."""
+    suspect(model_tests.q, model_tests.k, model_tests.v)
+    assert next(runs) % 4 in (0, 2)
+
+
+first_output = []
+
+
+def memoises_the_first_output(suspect):
+    """Took the first version's output (the correct twin, in the old order) as the truth."""
+    out = suspect(model_tests.q[:, 6:], model_tests.k, model_tests.v)
+    if not first_output:
+        first_output.append(out)
+    assert np.array_equal(out, first_output[0])
+
+
+def counts_in_a_default(suspect, seen=[]):  # noqa: B006  the mutable default is the point
+    suspect(model_tests.q, model_tests.k, model_tests.v)
+    seen.append(1)
+    assert len(seen) % 4 in (1, 3)
+
+
+def counts_on_itself(suspect):
+    counts_on_itself.n = getattr(counts_on_itself, "n", -1) + 1
+    suspect(model_tests.q, model_tests.k, model_tests.v)
+    assert counts_on_itself.n % 4 in (0, 2)
+
+
+def counts_with_a_global(suspect):
+    global total
+    total = globals().get("total", -1) + 1
+    suspect(model_tests.q, model_tests.k, model_tests.v)
+    assert total % 4 in (0, 2)
+
+
+@pytest.mark.parametrize("cheat", [counts_its_runs, memoises_the_first_output, counts_in_a_default, counts_on_itself])
+def test_a_test_that_keeps_state_between_versions_convicts_no_one(cheat):
+    for label in lineup.LABELS:
+        if lineup.interface(label).split(": ", 1)[1].startswith("attend("):
+            for _ in range(3):  # any order the shuffle draws
+                verdict = getattr(checks, f"check_suspect_{label.lower()}")(cheat)
+                assert not verdict and "which is broken" in verdict.problem, verdict
+
+
+def test_every_version_runs_on_a_fresh_instance_of_the_test():
+    outcomes = lineup.judge(counts_with_a_global, _label(MASK))
+    assert {o.status for o in outcomes.values()} == {"pass"}  # each copy saw total = 0 in its own namespace
+    assert "total" not in globals()
+
+
+def test_the_order_of_the_versions_is_drawn_for_each_run():
+    orders = {tuple(lineup.judge(lambda suspect: None, _label(MASK))) for _ in range(40)}
+    assert len(orders) > 1 and all(sorted(o) == sorted(lineup.versions(_label(MASK))) for o in orders)
+
+
+def test_state_that_cannot_be_copied_is_refused_by_name():
+    ticks = (n for n in itertools.count())  # a generator: no copy of it starts over
+
+    def reads_a_generator(suspect):
+        suspect(model_tests.q, model_tests.k, model_tests.v)
+        assert next(ticks) % 4 in (0, 2)
+
+    verdict = _check(MASK)(reads_a_generator)
+    assert not verdict and "reads ticks (generator)" in verdict.problem and "cannot be copied" in verdict.problem
+
+
+def test_a_suspect_hides_its_implementation_from_introspection():
+    """inspect.getclosurevars on the veil, and on the veiled objects' methods, names nothing of the bug."""
+    for label in lineup.LABELS:
+        found, handed = lineup.case(label), lineup.suspect(label)
+        seen = repr(inspect.getclosurevars(handed))
+        if found.public is not None:  # a class: look behind an object too
+            made = handed(*{"the newest-first cache": (2, 4), "evict before attend": (2, 4, 3),
+                            "copy-on-write forgotten": (4, 2, 1, 1)}[found.key])
+            seen += repr(inspect.getclosurevars(type(made).__getattr__)) + repr(made)
+        for word in ("top_left", "tiled", "layer_local", "newest", "evict", "visible", "Forgets", "rescale", "_attend",
+                     "_layer", "_stream", "_padded", "Cache"):
+            assert word not in seen, (label, word, seen)
+
+
+def test_no_module_attribute_maps_labels_to_bugs_and_a_test_cannot_ask():
+    for module in (lineup, sys.modules["kvlesson.teaching.drill"]):
+        for name, value in vars(module).items():
+            assert not (isinstance(value, dict) and set(lineup.LABELS) <= set(value)), name
+
+    def asks_the_lineup(suspect):
+        suspect(model_tests.q, model_tests.k, model_tests.v)
+        assert sys.modules["kvlesson.teaching.drill.lineup"].case("A")
+
+    outcome = lineup.run(asks_the_lineup, _label(MASK), "correct")
+    assert outcome.status == "crash" and "while a test is being judged" in str(outcome.error)
+
+
+class Seen:
+    """Where a test run by the lineup leaves what it read: a class is shared, where a dict would be copied."""
+
+    items = {}
+
+
+def test_the_shifted_copy_moves_every_number_a_test_can_read():
+    cache = lineup.suspect(_label("evict before attend"))(2, 4, 3)  # broken, not shifted: the baseline
+    pool = lineup.suspect(_label("copy-on-write forgotten"))(4, 2, 1, 1)
+
+    def reads_everything(suspect):
+        made = suspect(2, 4, 3)
+        K, V = made.append(np.ones((2, 2, 4)), np.ones((2, 2, 4)))
+        Seen.items["cache"] = (K.sum(), len(made), made.nbytes, made.window)
+
+    lineup.run(reads_everything, _label("evict before attend"), "shifted")
+    K, _ = cache.append(np.ones((2, 2, 4)), np.ones((2, 2, 4)))
+    assert Seen.items["cache"] == (K.sum() * 1.5 + 0.25 * K.size, 3 * 2 + 1, 3 * cache.nbytes + 1, 3 * 3 + 1)
+
+    def reads_the_pool(suspect):
+        made = suspect(4, 2, 1, 1)
+        a = made.new_sequence()
+        made.sequence(a).append(np.ones((1, 3, 1)), np.ones((1, 3, 1)))
+        Seen.items["pool"] = (made.blocks_free, made.block_size, made.block_table(a), len(made.sequence(a)), a)
+
+    lineup.run(reads_the_pool, _label("copy-on-write forgotten"), "shifted")
+    a = pool.new_sequence()
+    pool.sequence(a).append(np.ones((1, 3, 1)), np.ones((1, 3, 1)))
+    assert Seen.items["pool"] == (3 * pool.blocks_free + 1, 3 * pool.block_size + 1,
+                                  [3 * b + 1 for b in pool.block_table(a)], 3 * 3 + 1, a)  # ids come back as they are
+
+
+def test_a_recogniser_of_byte_counts_or_block_tables_is_refused():
+    """Tests that tell the broken suspect by a number it hands back, not by the right answer, pass on the shifted
+    copy: the old shift moved only float arrays, so these convicted."""
+    def too_many_bytes(suspect):
+        made = suspect(2, 4, 4)
+        for _ in range(6):
+            made.append(np.zeros((2, 1, 4)), np.zeros((2, 1, 4)))
+        assert made.nbytes != 2 * 2 * 4 * 4 * 8  # "not the W = 4 positions the broken one holds"
+
+    def shares_its_last_block(suspect):
+        pool = suspect(8, 4, 1, 1)
+        a = pool.new_sequence()
+        pool.sequence(a).append(*np.arange(12.0).reshape(2, 1, 6, 1))
+        b = pool.fork(a)
+        pool.sequence(a).append(np.ones((1, 1, 1)), np.ones((1, 1, 1)))
+        pool.sequence(b).append(np.ones((1, 1, 1)), np.ones((1, 1, 1)))
+        assert pool.block_table(a) != [0, 1]  # "not the table the broken one gives": a copy would be [0, 2]
+
+    for key, test in (("evict before attend", too_many_bytes), ("copy-on-write forgotten", shares_its_last_block)):
+        verdict = _check(key)(test)
+        assert not verdict, (key, verdict)
+
+
 # ---------------------------------------------------------------------------------------------- score sheet
 
 
@@ -318,29 +524,40 @@ class Clock:
         return self.now
 
 
+YES = checks.Verdict(True, summary="ok")
+
+
+def says(ok):
+    """A checker for a small plan: PASS when the answer is True."""
+    def check(answer):
+        return YES if answer is True else checks.Verdict(False, problem="no")
+    return check
+
+
 def test_the_score_sheet_times_first_passes_and_counts_latest_verdicts(capsys):
-    clock, yes, no = Clock(), checks.Verdict(True, summary="ok"), checks.Verdict(False, problem="no")
-    sheet = ScoreSheet(plan={"one": (1, ("a", "b")), "two": (2, ("c",)), "three": (5, ())}, clock=clock)
+    clock = Clock()
+    sheet = ScoreSheet(plan={"one": (1, {"a": says(True), "b": says(True)}), "two": (2, {"c": says(True)}),
+                             "three": (5, {})}, clock=clock)
     sheet.start("one")
     assert "Budget 1 min for 2 parts" in capsys.readouterr().out
     clock.now = 30.0
-    assert sheet.record("a", no) is no
+    assert not sheet.check("a", False)
     clock.now = 50.0
-    sheet.record("a", yes)
+    assert sheet.check("a", True) is YES
     clock.now = 70.0
-    sheet.record("b", yes)
+    sheet.check("b", True)
     clock.now = 100.0
-    sheet.record("a", yes)  # again: the first PASS keeps its time
+    sheet.check("a", True)  # again: the first PASS keeps its time
     sheet.start("two")
     clock.now = 250.0
-    sheet.record("c", no)
+    sheet.check("c", False)
     report, times = sheet.report(), sheet.times()
     assert "one                2 of 2   none" in report and "two                0 of 1   c" in report
     assert "all checked parts  2 of 3" in report and "three" in report and "self-graded" in report
     assert "one                    1:10 of 1 min OVER; a at 0:50, b at 1:10" in times
     assert "two                    2:30 of 2 min OVER" in times and "three              not started" in times
-    assert sheet.verdict("a") is yes and not sheet.verdict("zzz")
-    sheet.record("c", yes)
+    assert sheet.verdict("a") is YES and not sheet.verdict("c")
+    sheet.check("c", True)
     assert sheet.solved("two") == ["c"]
 
 
@@ -351,17 +568,38 @@ def test_an_earlier_section_can_be_rechecked_while_a_later_one_runs():
     clock.now = 60.0
     sheet.start("2. Price it")
     clock.now = 90.0
-    sheet.record("step", checks.Verdict(True))  # back to section 1 to finish it
-    assert sheet.solved("1. Write it cold") == ["step"] and sheet.solved_at[("1. Write it cold", "step")] == 90.0
-    sheet.record("suspect C", checks.Verdict(True))  # a section never started starts its clock now
-    assert sheet.solved_at[("3. Find the bug", "suspect C")] == 0.0 and sheet.current == "2. Price it"
+    assert sheet.check("the offset mask", lambda T, S: np.arange(S)[None, :] <= np.arange(S - T, S)[:, None])
+    assert sheet.solved("1. Write it cold") == ["the offset mask"]
+    assert "the offset mask at 1:30" in sheet.times()
+    assert sheet.check("suspect C", _copy_of_test("C"))
+    assert "3. Find the bug        0:00 of 40 min; suspect C at 0:00" in sheet.times()  # its clock started now
 
 
-def test_the_score_sheet_refuses_what_it_cannot_record():
+def _copy_of_test(label):
+    """The model test of a suspect, as a learner's own function (the sheet refuses kvlesson's)."""
+    test = model_tests.TESTS[lineup.case(label).key]
+    return types.FunctionType(test.__code__, dict(test.__globals__, __name__="__main__"), test.__name__)
+
+
+def test_the_score_sheet_scores_only_verdicts_it_issued():
+    """Issue 18: record("step", Verdict(True)) gave 14 of 14. Only the part's own checker can mark it solved."""
+    sheet = ScoreSheet(clock=Clock())
+    for part in [p for _, parts in PLAN.values() for p in parts]:
+        sheet.check(part, lambda *args: checks.Verdict(True))  # an answer that returns a PASS is still an answer
+    assert "all checked parts  0 of 14" in sheet.report()
+    assert not hasattr(sheet, "record")
+    for part, ours in (("step", step), ("a cache", KVCache), ("bytes per token", pricing.kv_bytes_per_token),
+                       ("suspect A", model_tests.TESTS[lineup.case("A").key])):
+        verdict = sheet.check(part, ours)
+        assert not verdict and "kvlesson's own" in verdict.problem
+    assert "all checked parts  0 of 14" in sheet.report()
+
+
+def test_the_score_sheet_refuses_what_it_cannot_check():
     sheet = ScoreSheet(clock=Clock())
     with pytest.raises(ValueError):
         sheet.start("5. Lunch")
     with pytest.raises(ValueError):
-        sheet.record("suspect Z", checks.Verdict(True))
-    with pytest.raises(TypeError):
-        sheet.record("step", True)
+        sheet.check("suspect Z", lambda suspect: None)
+    with pytest.raises(ValueError):
+        sheet.verdict("suspect Z")

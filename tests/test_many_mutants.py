@@ -97,12 +97,12 @@ def test_a_chunk_that_attends_over_its_whole_pages_is_caught():
 
 def test_one_position_for_the_whole_batch_is_caught():
     """RoPE at the longest sequence's position for every row: the decode-time twin of counting pads."""
-    real_rope = kvlesson.serving.batch.apply_rope
+    real = kvlesson.serving.batch.turn
 
-    def shared_rope(x, positions, base, *, interleaved=False):
-        return real_rope(x, np.full_like(positions, max(positions)), base, interleaved=interleaved)
+    def shared_rope(q, k, positions, base, interleaved):
+        return real(q, k, np.full_like(positions, max(positions)), base, interleaved)
 
-    with mock.patch.object(kvlesson.serving.batch, "apply_rope", shared_rope), pytest.raises(AssertionError):
+    with mock.patch.object(kvlesson.serving.batch, "turn", shared_rope), pytest.raises(AssertionError):
         decode_matches_alone(MIX)
 
 

@@ -13,12 +13,14 @@ from kvlesson.costs.memory import (
     BF16,
     decode_floor,
     element_bytes,
+    experts_read,
     iec,
     kv_bytes,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
     matmul_intensity,
     si,
+    step_weight_bytes,
     weight_bytes,
 )
 
@@ -143,11 +145,68 @@ def test_batch_multiplies_the_cache_not_the_weights():
     assert eight < 8 * one
 
 
-def test_a_mixture_of_experts_reads_its_active_weights():
+def test_a_mixture_of_experts_reads_its_active_weights_at_batch_1():
     g = MODELS["gpt-oss-120b"]
     assert weight_bytes(g) == 233_600_000_000 and weight_bytes(g, active=True) == 10_200_000_000
     assert weight_bytes(LLAMA, active=True) == weight_bytes(LLAMA)  # dense: all weights are active
+    assert step_weight_bytes(g, 1) == weight_bytes(g, active=True) and experts_read(g, 1) == 4
     assert decode_floor(g, H100, 0) == 10.2e9 / 3.35e12
+
+
+def test_a_batch_reads_the_union_of_its_tokens_experts():
+    """Issue 18: at batch 16 and 8,192 tokens gpt-oss-120b needs about 29.6 ms on an H100, not the 4.51 ms of
+    "active parameters once per step, whatever the batch"."""
+    g = MODELS["gpt-oss-120b"]
+    E, k = 128, 4  # num_local_experts, num_experts_per_tok in its config.json
+    for B in (1, 2, 16, 100, 1000):
+        assert experts_read(g, B) == pytest.approx(E * (1 - (1 - k / E) ** B), rel=1e-12)
+    assert experts_read(g, 16) == pytest.approx(50.98, abs=0.01)  # of 128 per layer; 16 x 4 = 64 if none were shared
+    per_expert = g.expert_params / E  # one expert, every layer
+    assert step_weight_bytes(g, 16) == pytest.approx(2 * (5.1e9 + (experts_read(g, 16) - k) * per_expert), abs=1)
+    ms = decode_floor(g, H100, 8192, 16) * 1e3
+    assert f"{ms:.1f}" == "29.6"
+    only_active = (weight_bytes(g, active=True) + kv_bytes(g, 8192, 16)) / H100.bandwidth * 1e3
+    assert f"{only_active:.2f}" == "4.51"  # the old model, for the record
+
+
+def test_experts_read_grows_to_every_expert_and_matches_a_simulation():
+    """The formula against routing done by hand: each token picks k distinct experts of E, uniformly."""
+    g = MODELS["gpt-oss-120b"]
+    reads = [experts_read(g, B) for B in range(1, 400)]
+    assert (np.diff(reads) > 0).all() and 127.9 < reads[-1] <= 128
+    rng = np.random.default_rng(18)
+    for B in (2, 16, 64):
+        union = [len({int(e) for _ in range(B) for e in rng.choice(128, 4, replace=False)}) for _ in range(400)]
+        assert abs(np.mean(union) - experts_read(g, B)) < 4 * np.std(union) / np.sqrt(len(union)) + 1e-9
+
+
+def test_dense_models_read_every_weight_at_any_batch():
+    for B in (1, 7, 64):
+        assert step_weight_bytes(LLAMA, B) == weight_bytes(LLAMA) and experts_read(LLAMA, B) == 0
+
+
+def test_the_gpt_oss_parameter_split_adds_up():
+    """Counted experts (114.70e9) against the model card's 116.8B total and 5.1B active: what every token reads
+    plus the token table it reads one row of is what lies outside the experts, to 1%."""
+    g = MODELS["gpt-oss-120b"]
+    assert g.expert_params == 114_701_598_720
+    shared = g.active_params - g.expert_params * 4 / 128
+    assert shared + 201088 * 2880 == pytest.approx(g.params - g.expert_params, rel=0.01)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(experts=None), ["experts=None", "experts_per_token=4"]),
+    (dict(experts_per_token=200), ["experts_per_token=200"]),
+    (dict(experts_per_token=0), ["experts_per_token=0"]),
+    (dict(expert_params=-1.0), ["expert_params=-1.0"]),
+    (dict(expert_params=200e9), ["expert_params=2"]),
+    (dict(active_params=1e9), ["active_params=1000000000.0"]),
+])
+def test_a_broken_mixture_of_experts_is_refused_by_name(change, words):
+    with pytest.raises(ValueError) as err:
+        decode_floor(dataclasses.replace(MODELS["gpt-oss-120b"], **change), H100, 10, 2)
+    for w in words:
+        assert w in str(err.value)
 
 
 def test_matvec_is_about_one_flop_per_byte_in_bf16():

@@ -1,4 +1,5 @@
-"""`python -m kvlesson.teaching.student` strips solutions, keeps everything else and refuses broken markers."""
+"""`python -m kvlesson.teaching.student` strips solutions, clears what depends on them, refuses broken markers."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,15 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from kvlesson.teaching.checks import check_softmax
-from kvlesson.teaching.student import BEGIN, END, main, strip_solutions, student_notebook, write_student_copies
+from kvlesson.teaching.student import (
+    ANSWER_STUB,
+    BEGIN,
+    END,
+    main,
+    strip_solutions,
+    student_notebook,
+    write_student_copies,
+)
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -87,9 +96,54 @@ def test_exercise_and_checker_outputs_are_cleared_the_rest_kept():
     assert "SOLUTION" in nb.cells[2].source and nb.cells[3].outputs, "the input notebook must not change"
 
 
-def test_a_plain_cell_after_an_exercise_keeps_its_output():
-    nb = lesson(("code", EXERCISE, None), ("code", "print(softmax)", "<function>\n"))
+def test_a_cell_that_reads_no_exercise_keeps_its_output():
+    nb = lesson(("code", EXERCISE, None), ("code", "print(np.ones(2))", "[1. 1.]\n"))
     assert student_notebook(nb)[0].cells[1].outputs == nb.cells[1].outputs
+
+
+# ---- no output that depends on an exercise survives (issue 18: lesson 12's copy kept its price sheet and
+# "14 of 14 solved", lesson 11's a cell that spelled out all three answers)
+
+def kept(*sources):
+    """Which code cells of a lesson keep their outputs in the student copy: a cell per source, each printing."""
+    nb = lesson(*[("code", src, f"out {n}\n") for n, src in enumerate(sources)])
+    return [bool(cell.outputs) for cell in student_notebook(nb)[0].cells]
+
+
+SHEET = "sheet = Sheet()"
+EXERCISE_F = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION"
+
+
+@pytest.mark.parametrize("sources, want", [
+    # a name the exercise defines, then what is computed from it, then what that feeds
+    ((SHEET, EXERCISE_F, "y = f(2)", "z = [y, 1]", "print(z)", "print(3)"), [True, False, False, False, False, True]),
+    # a method call or an item assignment changes the object it starts from: the sheet now holds a verdict
+    ((SHEET, EXERCISE_F, "sheet.check('f', f)", "print(sheet.report())"), [True, False, False, False]),
+    ((SHEET, EXERCISE_F, "table = {}", "table['f'] = f(1)", "print(table)"), [True, False, True, False, False]),
+    # ... but a module is not state a cell changes: np.concatenate(f(...)) leaves np clean
+    (("import numpy as np", EXERCISE_F, "a = np.concatenate([f(np.ones(2))])", "print(np.zeros(1))"),
+     [True, False, False, True]),
+    # a name bound afresh from clean values is clean again; a conditional rebinding is not trusted
+    ((EXERCISE_F, "y = f(1)", "y = 5", "print(y)"), [False, False, True, True]),
+    ((EXERCISE_F, "y, z = f(1), 2", "(y, *z), w = [5, 6], 7", "print(y, z)"), [False, False, True, True]),
+    ((EXERCISE_F, "y = f(1)", "if True:\n    y = 5", "print(y)"), [False, False, True, False]),
+    # a function defined later that calls the exercise, and what calls that
+    ((EXERCISE_F, "def g():\n    return f(1)", "print(g())"), [False, False, False]),
+    # magics: a cell magic's body and a line magic's text are read for names
+    ((EXERCISE_F, "%%time\nprint(f(1))", "%timeit f(2)", "%time print(1)"), [False, False, False, True]),
+    # not Python: cleared once anything depends on an exercise
+    (("x = (", EXERCISE_F, "y = (", "print(1)"), [True, False, False, True]),
+])
+def test_every_output_that_depends_on_an_exercise_is_cleared(sources, want):
+    assert kept(*sources) == want
+
+
+def test_a_markdown_cell_tagged_answer_is_replaced_and_others_kept():
+    nb = lesson(("md", "## 2. Price it", None), ("md", "Suspect C was the newest-first cache.", None))
+    nb.cells[1].metadata["tags"] = ["answer"]
+    out = student_notebook(nb)[0]
+    assert out.cells[0].source == "## 2. Price it" and "newest-first" not in out.cells[1].source
+    assert out.cells[1].source == ANSWER_STUB and "newest-first" in nb.cells[1].source
 
 
 def test_copies_are_written_and_solutions_stay_put(tmp_path):
@@ -227,3 +281,124 @@ def test_the_stripping_is_nbgraders_own():
                    begin_solution_delimeter=BEGIN, end_solution_delimeter=END).preprocess_cell(
         cell, {"language": "python"}, 0)
     assert strip_solutions(EXERCISE) == (cell.source, 1)
+
+
+def test_force_over_a_folder_in_the_way_writes_nothing(tmp_path, capsys):
+    """Issue 19: with --force, a folder where the second copy must go stopped the run after the first copy had
+    been replaced. Now every destination is checked first."""
+    src, dest = tmp_path / "notebooks", tmp_path / "student"
+    _one_lesson(src)
+    nbformat.write(lesson(("code", "print(2)", "2\n")), src / "02_b.ipynb")
+    assert main([str(src), str(dest)]) == 0
+    edited = nbformat.read(dest / "01_a.ipynb", as_version=4)
+    edited.cells[0].source = "my own work"
+    nbformat.write(edited, dest / "01_a.ipynb")
+    (dest / "02_b.ipynb").unlink()
+    (dest / "02_b.ipynb").mkdir()  # a folder in the way
+    capsys.readouterr()
+    assert main([str(src), str(dest), "--force"]) == 1
+    assert "02_b.ipynb is in the way" in capsys.readouterr().err
+    assert nbformat.read(dest / "01_a.ipynb", as_version=4).cells[0].source == "my own work"
+    assert sorted(p.name for p in dest.iterdir()) == ["01_a.ipynb", "02_b.ipynb"]  # no temporary file left
+
+
+def test_a_write_that_fails_midway_leaves_the_old_copies(tmp_path, monkeypatch):
+    src, dest = tmp_path / "notebooks", tmp_path / "student"
+    _one_lesson(src)
+    nbformat.write(lesson(("code", "print(2)", "2\n")), src / "02_b.ipynb")
+    write_student_copies(src, dest)
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    real, calls = nbformat.write, []
+
+    def fails_on_the_second(nb, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(path))
+        return real(nb, path, *args, **kwargs)
+
+    monkeypatch.setattr(nbformat, "write", fails_on_the_second)
+    with pytest.raises(OSError):
+        write_student_copies(src, dest, force=True)
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
+
+
+def test_a_failed_first_write_leaves_no_new_folder(tmp_path, monkeypatch):
+    src, dest = tmp_path / "notebooks", tmp_path / "fresh"
+    _one_lesson(src)
+
+    def fails(*args, **kwargs):
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(nbformat, "write", fails)
+    with pytest.raises(OSError):
+        write_student_copies(src, dest)
+    assert not dest.exists()
+
+
+# ---- the copies of the real lessons give no answer away
+
+def _shown(nb):
+    """Everything a student copy shows before it is run: its prose, its code and whatever outputs it kept."""
+    parts = []
+    for cell in nb.cells:
+        parts.append(cell.source)
+        for out in cell.get("outputs", []):
+            parts.append("".join(out.get("text", "")))
+            parts += ["".join(v) if isinstance(v, list) else str(v) for v in out.get("data", {}).values()]
+            parts += out.get("traceback", [])
+    return "\n".join(parts)
+
+
+def _pass_lines(key):
+    """The verdicts the answer key prints right after its exercises, and what each checker it calls there says on
+    its own reference answer: every PASS a solved exercise earns."""
+    import inspect
+
+    from kvlesson.teaching import checks
+
+    said = set()
+    for exercise, after in zip(key.cells, key.cells[1:], strict=False):
+        if exercise.cell_type != "code" or BEGIN not in exercise.source or after.cell_type != "code":
+            continue
+        for out in after.get("outputs", []):
+            text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+            said |= {line for line in text.splitlines() if line.startswith("PASS")}
+        for name in set(re.findall(r"check_\w+", after.source)):
+            check = getattr(checks, name, None)
+            if check is not None and hasattr(check, "reference") and "model" not in inspect.signature(check).parameters:
+                said.add(check(check.reference).message)
+    return said
+
+
+def _drill_answers():
+    """Lesson 12's answers: every suspect's bug, what its PASS says, its clue, and the priced figures of its sheet."""
+    from kvlesson.configs import ACCELERATORS
+    from kvlesson.teaching import drill
+    from kvlesson.teaching.drill import lineup
+
+    said = set()
+    for label in lineup.LABELS:
+        case = lineup.case(label)
+        said |= {case.key, case.bug, case.clue, f"Suspect {label} was"}
+    h100 = ACCELERATORS["H100 SXM"]
+    for name, config in drill.CONFIGS.items():
+        for batch in (1, 16):
+            said.add(f"{drill.decode_floor_ms(config, drill.params(name), h100, 8192, batch):.2f} ms")
+    return said
+
+
+def test_no_student_copy_gives_an_answer_away(tmp_path):
+    """Issue 18: lesson 12's copy kept the reference price sheet, "14 of 14 solved" and bug names in its prose."""
+    solved = re.compile(r"^(?:\d\. [A-Za-z ]+?|all checked parts)\s+[1-9]\d* of \d+", re.M)  # a score sheet with work
+    for path, _ in write_student_copies(NOTEBOOKS, tmp_path):
+        key, copy = nbformat.read(NOTEBOOKS / path.name, as_version=4), nbformat.read(path, as_version=4)
+        shown = _shown(copy)
+        answers = _pass_lines(key) | (_drill_answers() if path.name.startswith("12_") else set())
+        leaked = sorted(a for a in answers if a in shown)
+        assert not leaked, f"{path.name} shows {leaked[:3]}"
+        assert not solved.search(shown), f"{path.name}: {solved.search(shown)[0]!r}"
+        if path.name.startswith("12_"):  # a suspect is named in prose only by the heading over its exercise
+            prose = [line for cell in copy.cells if cell.cell_type == "markdown" for line in cell.source.splitlines()
+                     if not line.startswith("#")]
+            named = [line for line in prose if re.search(r"\bsuspects? [A-H]\b", line, re.I)]
+            assert not named, f"{path.name} names a suspect in its prose: {named[0]!r}"

@@ -114,6 +114,23 @@ def test_every_plan_adds_up_to_its_length_and_fits():
             assert all(a.start + a.minutes == b.start for a, b in zip(rows, rows[1:], strict=False))
 
 
+def test_a_90_minute_and_a_3_hour_session_reach_part_two():
+    """Issue 18: the short plans never reached lessons 11-12. A second session after part one does."""
+    reached = {}
+    for sessions in syllabus.PLANS.values():
+        for session in sessions:
+            lessons = {b.what for b in session.blocks if b.kind in ("live", "demo")}
+            reached.setdefault(session.length, set()).update(lessons)
+    assert "12_interview_drill" in reached[90]
+    assert {"11_shrink_and_stretch", "12_interview_drill"} <= reached[180]
+
+
+def test_homework_after_a_later_session_leaves_out_what_was_done_before():
+    found = syllabus.lessons(NOTEBOOKS)
+    text = syllabus.homework(syllabus.PLANS["3 hours, after part one"], found)
+    assert "01_attention" not in text and "08_real_model" not in text and "10_precision whole" in text
+
+
 def test_a_plan_that_overruns_is_reported_and_still_adds_up():
     found = {"01_attention": syllabus.Lesson("01_attention", words=238 * 50, exercises=2)}
     session = Session("short", 0, 60, (Block("talk", "welcome", 5), Block("live", "01_attention", live=2)))

@@ -3,6 +3,7 @@
     bytes per token     2 (K and V) x n_layers x Hkv x d x bytes per element
     bytes per sequence  what one sequence holds at a context length (windowed layers stop growing)
     decode floor        (weight bytes + KV bytes) / memory bandwidth: each step streams both once
+    experts read        a mixture of experts at batch B reads the union of the experts its B tokens route to
 
 Units follow the numbers' own nature: cache sizes are powers of two, so `iec` writes them in KiB (2**10 B)
 and GiB (2**30 B); vendors state weights, memory and bandwidth in GB (1e9 B) and TB/s, so `si` writes those.
@@ -76,17 +77,49 @@ def weight_bytes(spec, dtype=BF16, *, active=False):
     return math.ceil(n * element_bytes(dtype))
 
 
+def experts_read(spec, batch=1):
+    """Routed experts one layer of a mixture of experts is expected to read in a decode step of `batch` tokens.
+
+    Each token's router picks k = experts_per_token distinct experts of E. Under uniform routing, independent from
+    token to token, a given expert escapes one token with probability 1 - k/E and all B tokens with (1 - k/E)^B, so
+    the step reads E (1 - (1 - k/E)^B) of them: k at batch 1, nearly E once B is several times E / k. A router
+    that sends a batch's tokens to the same experts reads fewer (k at the least), so this is the cost of a
+    balanced router, the state load-balancing losses train for. 0 for a dense model.
+    """
+    _check_spec(spec)
+    _check_count("batch", batch, low=1)
+    if spec.experts is None:
+        return 0
+    E, k = spec.experts, spec.experts_per_token
+    return k + (E - k) * (1 - (1 - k / E) ** (batch - 1))  # the first token's k, then what later tokens add
+
+
+def step_weight_bytes(spec, batch=1, dtype=BF16):
+    """Bytes of weights one decode step of `batch` tokens reads, each weight once, whatever the batch.
+
+    Dense: every weight. Mixture of experts: what every token reads (active_params less its k experts' share),
+    and the experts_read(spec, batch) of E experts per layer that the batch's tokens route to.
+    """
+    _check_spec(spec)
+    if spec.experts is None:
+        return weight_bytes(spec, dtype, active=True)
+    per_expert = spec.expert_params / spec.experts  # one expert, summed over the layers
+    extra = (experts_read(spec, batch) - spec.experts_per_token) * per_expert  # experts beyond one token's own
+    return math.ceil((spec.active_params + extra) * element_bytes(dtype))
+
+
 def decode_floor(spec, accel, context, batch=1, *, kv_dtype=BF16, weight_dtype=BF16):
     """Seconds per decode step, at best: (weight bytes + KV bytes) / bandwidth.
 
-    One step reads every weight once (shared by the whole batch) and every cached K and V once (one cache per
-    sequence), and memory cannot deliver them faster than its bandwidth. A mixture of experts reads only the
-    experts a token is routed to (active_params), which makes this a floor for any batch: larger batches touch
-    more experts. Compute, kernel launches and communication only add to it.
+    One step reads every weight it uses once (shared by the whole batch) and every cached K and V once (one cache
+    per sequence), and memory cannot deliver them faster than its bandwidth. A dense model uses every weight. A
+    mixture of experts uses what every token reads plus the union of the experts its tokens route to, expected
+    under uniform routing (experts_read): at batch 1 that is its active parameters, at larger batches more.
+    Compute, kernel launches and communication only add to it.
     """
     if not (isinstance(accel.bandwidth, Real) and accel.bandwidth > 0):
         raise ValueError(f"bandwidth must be positive bytes/s; {accel.name!r} has {accel.bandwidth!r}")
-    moved = weight_bytes(spec, weight_dtype, active=True) + kv_bytes(spec, context, batch, kv_dtype)
+    moved = step_weight_bytes(spec, batch, weight_dtype) + kv_bytes(spec, context, batch, kv_dtype)
     return moved / accel.bandwidth
 
 
@@ -160,3 +193,17 @@ def _check_spec(spec):
                          f"window={spec.window!r}")
     if not (isinstance(spec.params, Real) and spec.params > 0):
         raise ValueError(f"{spec.name}: params must be positive; got params={spec.params!r}")
+    moe = (spec.experts, spec.experts_per_token, spec.expert_params)
+    if moe == (None, None, None):
+        return
+    E, k, n = moe
+    if isinstance(E, bool) or not isinstance(E, Integral) or E < 1 or isinstance(k, bool) or \
+            not isinstance(k, Integral) or not 1 <= k <= E:
+        raise ValueError(f"{spec.name}: a mixture of experts needs integers 1 <= experts_per_token <= experts; got "
+                         f"experts={E!r}, experts_per_token={k!r}")
+    if isinstance(n, bool) or not isinstance(n, Real) or not 0 < n <= spec.params:
+        raise ValueError(f"{spec.name}: expert_params must be positive and at most params={spec.params!r}; got "
+                         f"expert_params={n!r}")
+    if spec.active_params is None or not n * k / E <= spec.active_params:
+        raise ValueError(f"{spec.name}: active_params must hold its {k} experts' share of expert_params "
+                         f"({n * k / E:.4g}); got active_params={spec.active_params!r}")

@@ -28,7 +28,7 @@ import numpy as np
 
 from kvlesson import model as _model
 from kvlesson import validate
-from kvlesson.rope import apply_rope
+from kvlesson.layer import turn
 from kvlesson.sdpa import attention
 from kvlesson.serving.paged import PagedKVCache
 
@@ -109,8 +109,7 @@ def attend(q, k, v, view, *, rope_base=None, interleaved=False):
     step, heads = view.step, view.heads
     H, N, d = q.shape
     if rope_base is not None:
-        q = apply_rope(q, step.positions, rope_base, interleaved=interleaved)
-        k = apply_rope(k, step.positions, rope_base, interleaved=interleaved)
+        q, k = turn(q, k, step.positions, rope_base, interleaved)
     K, V = step.pool.k[heads], step.pool.v[heads]  # [Hkv, n_blocks, block_size, d] views of this layer
     K[:, step.blocks, step.slots] = k  # [Hkv, N, d] into N (block, slot) places
     V[:, step.blocks, step.slots] = v

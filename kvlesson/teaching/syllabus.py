@@ -153,6 +153,7 @@ class Session:
     start: int  # minutes after midnight (0: times count from the session's start)
     length: int  # minutes, breaks included
     blocks: tuple
+    before: tuple = ()  # lessons the room finished before this session (no homework for them)
 
 
 def live(name, n):
@@ -190,6 +191,21 @@ PLANS = {
         pause(10),
         live("05_gqa", 2),
         talk(5, "wrap-up: the 30-second answer (lesson 00, 3.3) to a neighbour"),
+    )),),
+    # a 90-minute or 3-hour room that starts from zero spends it on part one; these are its second session
+    "90 minutes, after part one": (Session("the interview drill, 90 minutes", 0, 90, before=PART_ONE, blocks=(
+        talk(5, "welcome; lesson 12's rules (how to run it, the score sheet); open `student/`"),
+        live("12_interview_drill", 6),
+        talk(5, "wrap-up: read the score sheets together; the suspects are homework"),
+    )),),
+    "3 hours, after part one": (Session("part two, 3 hours", 0, 180, before=PART_ONE, blocks=(
+        talk(10, "recap of part one: each pair says the 30-second answer; the model already fetched on every laptop"),
+        live("09_many_sequences", 1),
+        pause(10),
+        demo("11_shrink_and_stretch"),
+        live("12_interview_drill", 6),
+        pause(10),
+        talk(10, "wrap-up: the score sheets, and what to re-read"),
     )),),
     "two days": (
         Session("day 1: part one", 9 * 60 + 30, 7 * 60, (
@@ -319,7 +335,7 @@ def plan_table(session, found):
 
 def homework(sessions, found):
     """Lessons and exercises left for home after a plan, with their estimated minutes."""
-    done = {}
+    done = {name: math.inf for session in sessions for name in session.before}
     for session in sessions:
         for block in session.blocks:
             if block.kind == "live":

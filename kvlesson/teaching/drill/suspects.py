@@ -36,6 +36,7 @@ class Case:
     clue: str  # what kind of input shows it, told when a test passes on the broken version
     public: frozenset | None = None  # None for a function; for objects, the only attributes they show
     views: dict = field(default_factory=dict)  # method -> public names of the objects it returns
+    handles: frozenset = frozenset()  # methods that return ids the test hands back (the shifted copy leaves those)
 
 
 # ------------------------------------------------------------------------------------------ attention
@@ -358,7 +359,7 @@ CASES = (
          "fork a sequence whose last block is partly filled, then let both sides append different tokens",
          public=frozenset({"new_sequence", "sequence", "fork", "free", "block_table", "blocks_free", "n_blocks",
                            "block_size", "nbytes", "Hkv", "d", "dtype"}),
-         views={"sequence": _CACHE_NAMES}),
+         views={"sequence": _CACHE_NAMES}, handles=frozenset({"new_sequence", "fork"})),
     Case("the online softmax without rescaling", _STREAM, stream_no_rescale, stream, package_stream,
          "when a block raised a row's running max, the sums of the earlier blocks were not rescaled by "
          "exp(m_old - m_new): right while the first block holds each row's largest score, wrong otherwise",
