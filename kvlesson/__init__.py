@@ -37,6 +37,7 @@ the core and the leaves (validate, configs, text), never each other upwards; not
   teaching/        verdict, checks (the exercises' checkers), widgets (explorers), drill (lesson 12), syllabus,
                    student (student copies)
 """
+from kvlesson import speculative
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache
 from kvlesson.layer import step
 from kvlesson.online import online_attention, split_kv_attention
@@ -62,4 +63,5 @@ __all__ = [
     "SinkKVCache",
     "PagedKVCache",
     "Engine",
+    "speculative",
 ]

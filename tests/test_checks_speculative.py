@@ -1,0 +1,243 @@
+"""The lesson 14 checkers pass right answers, written several ways, and refuse each wrong one with its own hint.
+
+Each row of a wrong-answer table is a plausible learner answer and the words its verdict must contain. Junk answers
+(None, text, ragged lists, functions that raise) are fuzzed for every checker in test_checks_junk.py.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from kvlesson import causal_mask, tree_mask
+from kvlesson.serving.paged import PagedKVCache
+from kvlesson.speculative import accept
+from kvlesson.teaching.checks import check_accept, check_paged_truncate, check_tree_mask
+from kvlesson.teaching.checks.speculative import ACCEPT_SLIPS
+
+# ------------------------------------------------------------------------------------------------ tree mask
+
+
+def tree_by_loops(parents, S):
+    T = len(parents)
+    mask = np.zeros((T, S + T), bool)
+    mask[:, :S] = True
+    for i in range(T):
+        j = i
+        while j >= 0:
+            mask[i, S + j] = True
+            j = parents[j]
+    return mask
+
+
+def tree_by_depths(parents, S):
+    """Another right answer: node j is an ancestor of i when walking up from i reaches it (a set per node)."""
+    T = len(parents)
+    ancestors = []
+    for i, p in enumerate(parents):
+        ancestors.append({i} | (ancestors[p] if p >= 0 else set()))
+    rows = [[True] * S + [j in ancestors[i] for j in range(T)] for i in range(T)]
+    return np.array(rows, bool).reshape(T, S + T)
+
+
+def test_tree_mask_checker_passes_right_answers():
+    for right in (tree_mask, tree_by_loops, tree_by_depths):
+        assert check_tree_mask(right), right.__name__
+
+
+def parent_only(parents, S):
+    m = np.eye(len(parents), dtype=bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            m[i, p] = True
+    return np.concatenate([np.ones((len(parents), S), bool), m], axis=1)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda p, S: causal_mask(len(p), S + len(p)), "offset causal mask of a chunk"),
+    (lambda p, S: np.tril(np.ones((len(p), S + len(p)), bool), k=S), "siblings and cousins included"),
+    (parent_only, "sees its parent but not its parent's parent"),
+    (lambda p, S: tree_mask(p, S) & ~np.eye(len(p), S + len(p), S, dtype=bool), "must see its own key"),
+    (lambda p, S: np.concatenate([np.ones((len(p), S), bool), tree_mask(p, 0).T], axis=1), "descendants"),
+    (lambda p, S: np.concatenate([np.zeros((len(p), S), bool), tree_mask(p, 0)], axis=1), "all S cached keys"),
+    (lambda p, S: tree_mask(p, 0), "attend over the cache AND the tree"),
+    (lambda p, S: tree_mask(p, S).T, "the mask has shape (8, 5); expected (5, 8)"),
+    (lambda p, S: tree_mask(p, S).astype(float), "expected bool"),
+    (lambda p, S: tree_mask(p, S) | (np.arange(S + len(p)) == S + len(p) - 1), "node 0 (depth 0) sees"),
+    (lambda p, S: None, "returned None"),
+])
+def test_tree_mask_checker_names_the_mistake(wrong, words):
+    verdict = check_tree_mask(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+def test_a_tree_mask_wrong_only_on_a_later_tree_is_caught_there():
+    def right_for_one_root(parents, S):
+        return tree_mask([max(p, 0) if i else -1 for i, p in enumerate(parents)], S)  # every root joined to node 0
+
+    verdict = check_tree_mask(right_for_one_root)
+    assert not verdict and "two roots" in repr(verdict), repr(verdict)
+
+
+# ------------------------------------------------------------------------------------------------ accept
+
+
+def accept_with_choice(p, q, tokens, rng):
+    """Right, but drawing its randomness another way (rng.choice, and one uniform per draft up front)."""
+    u = rng.random(len(tokens))
+    for i, x in enumerate(tokens):
+        if u[i] > p[i, x] / q[i, x]:
+            r = np.maximum(p[i] - q[i], 0)
+            return list(tokens[:i]) + [int(rng.choice(len(r), p=r / r.sum()))]
+    return list(tokens) + [int(rng.choice(p.shape[1], p=p[len(tokens)]))]
+
+
+def test_accept_checker_passes_right_answers():
+    assert check_accept(accept)
+    assert check_accept(accept_with_choice)
+    assert check_accept(lambda p, q, t, rng: np.array(accept(p, q, t, rng)))  # an array of ids will do
+
+
+def no_bonus(p, q, tokens, rng):
+    out = accept(p, q, tokens, rng)
+    return out[:-1] if len(out) == len(tokens) + 1 else out
+
+
+def greedy_only(p, q, tokens, rng):
+    """Keeps a draft when it is the target's argmax: right at temperature 0, biased at any other."""
+    for i, x in enumerate(tokens):
+        if x != int(np.argmax(p[i])):
+            return list(tokens[:i]) + [int(np.argmax(p[i]))]
+    return list(tokens) + [int(np.argmax(p[len(tokens)]))]
+
+
+def residual_not_clipped(p, q, tokens, rng):
+    """Samples the rejection from |p - q|: the right acceptance step, a wrong leftover."""
+    for i, x in enumerate(tokens):
+        if rng.random() >= p[i, x] / q[i, x]:
+            r = np.abs(p[i] - q[i])
+            return list(tokens[:i]) + [int(rng.choice(len(r), p=r / r.sum()))]
+    return list(tokens) + [int(rng.choice(p.shape[1], p=p[len(tokens)]))]
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (ACCEPT_SLIPS[0].wrong, "The ratio upside down"),
+    (ACCEPT_SLIPS[1].wrong, "sample from max(0, p - q), normalised, not from p"),
+    (ACCEPT_SLIPS[2].wrong, "one uniform draw per draft"),
+    (no_bonus, "A round always emits one token more than it accepts"),
+    (greedy_only, "a draft the target likes exactly as much as the drafter is always kept"),
+    (residual_not_clipped, "your first emitted token came out with frequencies"),
+    (lambda p, q, t, rng: list(t), "emitted [2, 0, 1]; it should emit [2, 4]"),
+    (lambda p, q, t, rng: accept(p, q, t, rng) if t else [], "emitted 0 tokens; a round emits between 1 and k + 1 = 1"),
+    (lambda p, q, t, rng: [int(np.argmax(p[0]))] * (len(t) + 2), "a round emits between 1 and k + 1"),
+    (lambda p, q, t, rng: [9], "outside the vocabulary of 5"),
+    (lambda p, q, t, rng: [[1, 2]], "expected a list of token ids"),
+    (lambda p, q, t, rng: "2 4", "returned text"),
+])
+def test_accept_checker_names_the_mistake(wrong, words):
+    verdict = check_accept(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+def test_the_accept_checker_refuses_a_right_rule_only_as_often_as_it_says():
+    """ALPHA is what the statistical case costs a right answer (two tests at 1e-4: a right rule fails with
+    probability 2e-4). Right rules fed five other streams of random numbers all pass."""
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        assert check_accept(lambda p, q, t, _, rng=rng: accept(p, q, t, rng))
+
+
+# ------------------------------------------------------------------------------------------------ paged truncate
+
+
+def keep_blocks(self, seq, n, keep, free=True, refs=True, length=True):
+    table = self._table(seq)
+    if n > self._lens[seq]:
+        raise ValueError(f"truncate(n={n}): too long")
+    for block in table[keep:]:
+        if refs:
+            self.refs[block] -= 1
+        if free and (self.refs[block] == 0 or not refs):
+            self.refs[block] = 0
+            self._free.append(block)
+    del table[keep:]
+    if length:
+        self._lens[seq] = n
+
+
+class Floor(PagedKVCache):
+    def truncate(self, seq, n):
+        keep_blocks(self, seq, n, n // self.block_size)
+
+
+class OneExtra(PagedKVCache):
+    def truncate(self, seq, n):
+        keep_blocks(self, seq, n, n // self.block_size + 1)
+
+
+class FreesShared(PagedKVCache):
+    def truncate(self, seq, n):
+        keep_blocks(self, seq, n, math.ceil(n / self.block_size), refs=False)
+
+
+class NeverFrees(PagedKVCache):
+    def truncate(self, seq, n):
+        keep_blocks(self, seq, n, math.ceil(n / self.block_size), free=False)
+
+
+class LengthOnly(PagedKVCache):
+    def truncate(self, seq, n):
+        if n > self._lens[seq]:
+            raise ValueError("too long")
+        self._lens[seq] = n
+
+
+class TableOnly(PagedKVCache):
+    def truncate(self, seq, n):
+        keep_blocks(self, seq, n, math.ceil(n / self.block_size), length=False)
+
+
+class NoCheck(PagedKVCache):
+    def truncate(self, seq, n):
+        table = self._table(seq)
+        keep = math.ceil(n / self.block_size)
+        for block in table[keep:]:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self._free.append(block)
+        del table[keep:]
+        self._lens[seq] = n
+
+
+class ChecksLate(PagedKVCache):
+    def truncate(self, seq, n):
+        self._free.append(self._free.pop())  # harmless
+        if n > self._lens[seq]:
+            self._free.pop()
+            raise ValueError("too long")
+        super().truncate(seq, n)
+
+
+def test_paged_truncate_checker_passes_the_pool():
+    assert check_paged_truncate(PagedKVCache)
+
+    class Mine(PagedKVCache):
+        def truncate(self, seq, n):
+            keep_blocks(self, seq, n, -(-n // self.block_size))
+
+    assert check_paged_truncate(Mine)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (Floor, "n // block_size would drop its positions"),
+    (OneExtra, "keeps 3 blocks; 8 positions need ceil(8 / 4) = 2"),
+    (FreesShared, "block 2 has refs 0, but 1 block tables point at it"),
+    (NeverFrees, "goes back to the free list"),
+    (LengthOnly, "keeps 3 blocks; 5 positions need"),
+    (TableOnly, "set the sequence's length to n"),
+    (NoCheck, "your pool accepted it"),
+    (ChecksLate, "raised, but changed state first"),
+    (type("NotAPool", (), {"__init__": lambda self, *args: None}), "not a PagedKVCache"),
+])
+def test_paged_truncate_checker_names_the_mistake(wrong, words):
+    verdict = check_paged_truncate(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
