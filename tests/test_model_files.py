@@ -6,6 +6,7 @@ missing, one wrong shape) must each be refused at load with a ModelFileError nam
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -137,12 +138,28 @@ def test_a_damaged_float32_copy_is_rebuilt_with_one_line_not_used(tmp_path, cach
         (folder / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
     model = llama.load(path, sha256=None)
-    said = capsys.readouterr().out
-    assert said.count("\n") == 1 and "cannot be used" in said and "rebuilding" in said, said
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 3 and "cannot be used" in said[0] and "rebuilding" in said[0], said  # then the rewrite's two
+    assert said[1].startswith("kvlesson: writing the float32 weights") and "float32 copy written in" in said[2], said
     np.testing.assert_array_equal(model.forward([0, 1, 2]), want)
     capsys.readouterr()
     llama.load(path, sha256=None)
     assert capsys.readouterr().out == ""  # rebuilt once, intact since
+
+
+def test_writing_the_copy_says_what_and_how_big(tmp_path, cache_dir, capsys):
+    """The first load writes the float32 copy (0.5 GB for SmolLM2): it says so before it starts, and when it is done."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    llama.load(path, sha256=None)
+    folder = _copy_folder(cache_dir)
+    arrays = sorted(folder.glob("*.npy"))
+    mb = sum(np.load(a, mmap_mode="r").nbytes for a in arrays) / 1e6
+    before, after = capsys.readouterr().out.splitlines()
+    assert before == (f"kvlesson: writing the float32 weights once ({len(arrays)} arrays, {mb:,.0f} MB) to {folder}, "
+                      "so that the next load maps them instead of dequantizing again ...")
+    assert re.fullmatch(r"kvlesson: float32 copy written in \d+\.\d s\.", after), after
+    llama.load(path, sha256=None)
+    assert capsys.readouterr().out == ""  # the second load maps the copy and says nothing
 
 
 def test_the_checksums_catch_a_change_the_sizes_cannot(tmp_path):
@@ -188,7 +205,9 @@ def test_losing_the_rename_race_keeps_the_winner_and_removes_the_loser(tmp_path,
     monkeypatch.setattr(os, "replace", racing_replace)
     capsys.readouterr()
     llama.load(path, sha256=None)
-    assert (folder / "manifest.json").read_text() == "{}" and capsys.readouterr().out == ""
+    assert (folder / "manifest.json").read_text() == "{}"
+    assert capsys.readouterr().out.splitlines()[-1] == ("kvlesson: float32 copy written by another process first; "
+                                                       "that copy is kept.")
     assert not list(cache_dir.glob(".f32-*")), "the loser's temporary folder was left behind"
 
 

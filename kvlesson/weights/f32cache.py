@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
@@ -45,6 +46,10 @@ def save(folder, config, weights, tokenizer_data, chat_template):
     folder.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(folder.parent, ".f32-*")
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".f32-"))
+    size = sum(weights[name].nbytes for name in names)
+    print(f"kvlesson: writing the float32 weights once ({len(names)} arrays, {size / 1e6:,.0f} MB) to {folder}, "
+          "so that the next load maps them instead of dequantizing again ...", flush=True)
+    start = time.perf_counter()
     try:
         files = {}
         for name in names:
@@ -60,10 +65,12 @@ def save(folder, config, weights, tokenizer_data, chat_template):
             shutil.rmtree(folder)
         try:
             os.replace(tmp, folder)
+            done = f"written in {time.perf_counter() - start:.1f} s"
         except OSError:
             if not (folder / "manifest.json").is_file():
                 raise
-            # another process renamed its copy into place first: theirs stands, ours goes
+            done = "written by another process first; that copy is kept"  # theirs stands, ours goes
+        print(f"kvlesson: float32 copy {done}.", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

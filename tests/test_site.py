@@ -1,0 +1,161 @@
+"""The site builds offline from the committed notebooks, hides every solution, and has no broken link.
+
+One build (the README's command, `python scripts/build_site.py`) into a temporary folder serves every test here, with
+the network closed: any proxy-aware fetch goes to a closed port. The pages are then read as files, and lesson 04's
+page is opened in the system Chromium (Playwright, as tests/browser does; nothing is downloaded).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from tests.browser.jupyterlab import CHROMIUM_FLAGS, find_chromium
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+CLOSED = "http://127.0.0.1:9"  # the discard port: nothing listens, so a fetch fails at once
+PAGE_TIMEOUT_MS = 20_000  # bounds a hang on a busy machine; a passing run stays far below it
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The built site's folder of HTML pages."""
+    out = tmp_path_factory.mktemp("site")
+    offline = {name: CLOSED for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
+    env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"} | offline
+    run = subprocess.run([sys.executable, "scripts/build_site.py", "--out", str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, f"the site did not build:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert re.fullmatch(r"built .*index\.html in \d+\.\d s\n", run.stdout), run.stdout  # where, and how long
+    print(run.stdout, end="")
+    return out / "_build" / "html"
+
+
+class Page(HTMLParser):
+    """A page's text, the ids it defines, and the local addresses it points to (href and src)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.text, self.code, self.ids, self.links, self.pre = [], [], set(), [], 0
+        self.feed(path.read_text(encoding="utf-8"))
+
+    def handle_starttag(self, tag, attrs):
+        self.pre += tag == "pre"
+        for name, value in attrs:
+            if name == "id":
+                self.ids.add(value)
+            elif name in ("href", "src") and value and not re.match(r"^([a-z][a-z0-9+.-]*:|//)", value):
+                self.links.append(value)
+
+    def handle_endtag(self, tag):
+        self.pre -= tag == "pre"
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self.pre:
+            self.code.append(data)
+
+
+def solution_lines(notebook):
+    """The code lines inside a notebook's solution blocks that appear nowhere else in it (in no other line of its
+    sources, as part of one, nor in an output): lines its page may not show."""
+    inside, solution, elsewhere = False, set(), []
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for line in "".join(cell["source"]).splitlines():
+            if line.strip() in (BEGIN, END):
+                inside = line.strip() == BEGIN
+            elif line.strip():
+                solution.add(line.strip()) if inside else elsewhere.append(line)
+        for output in cell.get("outputs", []):
+            elsewhere.append(json.dumps(output, ensure_ascii=False))
+    elsewhere = "\n".join(elsewhere)
+    return {line for line in solution if line not in elsewhere and not line.startswith("#")}
+
+
+def test_every_lesson_the_readme_and_the_guide_have_a_page(site):
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
+    wanted = {f"notebooks/{nb.stem}.html" for nb in NOTEBOOKS} | {"README.html", "docs/instructor_guide.html"}
+    assert wanted <= pages, f"missing pages: {sorted(wanted - pages)}"
+    assert len(NOTEBOOKS) == 13
+
+
+def test_no_local_link_is_broken(site):
+    """Every local href and src of every page is a file of the site, and an anchor it names exists there."""
+    # _static holds the theme's template macros (*.html files that are no pages)
+    pages = {path: Page(path) for path in site.rglob("*.html") if "_static" not in path.relative_to(site).parts}
+    broken, checked = [], 0
+    for path, page in pages.items():
+        for link in page.links:
+            parts = urlsplit(link)
+            target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
+            checked += 1
+            if not target.is_file():
+                broken.append(f"{path.relative_to(site)}: {link}")
+            elif parts.fragment and target in pages and parts.fragment not in pages[target].ids:
+                broken.append(f"{path.relative_to(site)}: {link} (no such anchor)")
+    assert not broken, f"{len(broken)} of {checked} local links are broken:\n" + "\n".join(broken[:40])
+    # the cross-links the sources write as notebooks/..., ../docs/... and NN_topic.ipynb became links between pages
+    lesson = pages[site / "notebooks" / "04_offset_mask.html"].links
+    assert "07_sliding_window.html" in lesson and "05_gqa.html" in lesson
+    assert "notebooks/04_offset_mask.html" in pages[site / "README.html"].links
+    assert "docs/instructor_guide.html" in pages[site / "README.html"].links
+    assert "../docs/instructor_guide.html" in pages[site / "notebooks" / "00_start_here.html"].links
+    assert "../notebooks/00_start_here.html" in pages[site / "docs" / "instructor_guide.html"].links
+    assert not any(link.endswith((".ipynb", ".md")) for page in pages.values() for link in page.links)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda nb: nb.stem)
+def test_no_page_shows_a_solution(site, notebook):
+    page = Page(site / "notebooks" / f"{notebook.stem}.html")
+    code, page = "".join(page.code), "".join(page.text)
+    assert BEGIN not in code and END not in code  # lesson 00's prose names the markers; no code block may hold one
+    shown = [line for line in solution_lines(notebook) if line in page]
+    assert not shown, f"{notebook.name}'s page shows solution code: {shown[:5]}"
+
+
+def test_the_site_ships_no_notebook(site):
+    """Sphinx copies each source beside its page by default: that copy would hold every solution."""
+    assert not [p.relative_to(site) for p in site.rglob("*.ipynb")]
+
+
+@pytest.mark.browser
+def test_lesson_04_in_chromium(site, tmp_path):
+    """The static mask figure loads, the checker calls are on the page, no solution is, and nothing is fetched."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the Python package playwright is not installed")
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no system Chromium (Debian: apt-get install chromium)")
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path)}
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS, env=env)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            page.route(re.compile(r"^https?://"), lambda route: route.abort())  # the page must stand on its own
+            page.goto((site / "notebooks" / "04_offset_mask.html").as_uri(), wait_until="load")
+            figure = page.locator("section#explore img").first  # draw_masks under the explorer: its static twin
+            figure.scroll_into_view_if_needed()
+            assert figure.is_visible(), "the static mask figure is not visible"
+            size = figure.evaluate("img => img.complete ? [img.naturalWidth, img.naturalHeight] : [0, 0]")
+            assert min(size) > 0, f"the static mask figure did not load ({figure.get_attribute('src')})"
+            unloaded = page.evaluate("[...document.images].filter(i => !i.naturalWidth).map(i => i.src)")
+            assert not unloaded, f"images that did not load: {unloaded}"
+            text = page.inner_text("body")
+        finally:
+            browser.close()
+    assert "sliders appear here when this cell runs with a live kernel" in text  # the widget's own fallback
+    for call in ("checks.check_offset_mask(offset_mask)", "checks.check_visible_counts(visible_counts)"):
+        assert call in text, f"the checker call {call} is missing"
+    solutions = solution_lines(ROOT / "notebooks" / "04_offset_mask.ipynb")
+    assert any("BIG[S - T : S, :S]" in line for line in solutions)  # the lesson still has the exercise this reads
+    shown = [line for line in solutions if line in text]
+    assert not shown, f"lesson 04's page shows solution code: {shown}"
