@@ -77,6 +77,7 @@ class Verdict:
         The one way a verdict raises, for a grader that counts a cell that raises as a failed test (nbgrader's test
         cells end with `verdict.require()`); the checker itself still never raises.
         """
+        __tracebackhide__ = True  # IPython and pytest then show the test cell's line, not this one
         if not self.ok:
             raise AssertionError(self.message)
         return self
