@@ -43,11 +43,11 @@ def test_verdict_require_raises_with_message_and_hint_and_passes_a_pass():
 
 
 @pytest.mark.parametrize("source, want", [
-    ("v1 = checks.check_kv_cache(MyKVCache)\nv1", "v1 = checks.check_kv_cache(MyKVCache)\nv1.require()"),
-    ("checks.check_offset_mask(offset_mask)", "checks.check_offset_mask(offset_mask).require()"),
-    ('sheet.check("a cache", DrillCache)  # scored', 'sheet.check("a cache", DrillCache).require()  # scored'),
-    ("v = checks.check_x(f)\nv or w", "v = checks.check_x(f)\n(v or w).require()"),
-    ("v = checks.check_x(f, 'é')\nv", "v = checks.check_x(f, 'é')\nv.require()"),  # byte offsets, not characters
+    ("v1 = checks.check_kv_cache(MyKVCache)\nv1", "v1 = checks.check_kv_cache(MyKVCache)\nprint(v1.require())"),
+    ("checks.check_offset_mask(offset_mask)", "print(checks.check_offset_mask(offset_mask).require())"),
+    ('sheet.check("a cache", DrillCache)  # scored', 'print(sheet.check("a cache", DrillCache).require())  # scored'),
+    ("v = checks.check_x(f)\nv or w", "v = checks.check_x(f)\nprint((v or w).require())"),
+    ("v = checks.check_x(f, 'é')\nv", "v = checks.check_x(f, 'é')\nprint(v.require())"),  # byte offsets, not chars
 ])
 def test_the_verdict_a_checker_cell_ends_with_is_required(source, want):
     assert required(source) == want
@@ -82,7 +82,7 @@ def test_every_lesson_becomes_solution_and_locked_test_cells(tmp_path):
                 assert meta["solution"] and not meta["grade"] and not meta["locked"] and new.source == old.source
             elif i - 1 in ex:
                 assert meta["grade"] and meta["locked"] and not meta["solution"] and meta["points"] == 2
-                assert new.source == required(old.source) and new.source.endswith(".require()")
+                assert new.source == required(old.source) and new.source.endswith(".require())")
             else:
                 assert not meta and (new.source == old.source or "answer" in old.metadata.get("tags", []))
             ids |= {meta["grade_id"]} if meta else set()
@@ -187,6 +187,9 @@ def test_generate_autograde_and_feedback(tmp_path):
     assert _errors(graded["unsolved"]) == tests  # no other cell stops when the exercises are unsolved
     assert _errors(graded["buggy"]) == {("exercise1_test", "AssertionError")}
     assert _errors(graded["solved"]) == set()
+    for i in exercises:  # a pass is printed, not the cell's value (which nbgrader would read as partial credit)
+        outputs = graded["solved"].cells[i + 1].outputs
+        assert [o.output_type for o in outputs] == ["stream"] and outputs[0].text.startswith("PASS: ")
     assert [graded["tampered"].cells[i + 1].source for i in exercises] == \
         [source.cells[i + 1].source for i in exercises]  # the locked cells came back from the gradebook
 

@@ -8,9 +8,9 @@ It writes course/nbgrader_config.py and course/source/<lesson>/<lesson>.ipynb, t
 never touches notebooks/. In each source notebook:
   - a code cell holding `### BEGIN SOLUTION` blocks (markers checked as the student tool checks them) becomes an
     nbgrader solution cell; generate_assignment replaces each block with `raise NotImplementedError("your turn")`;
-  - the checker cell right after it becomes a locked test cell worth `points`, its last expression (the verdict)
-    rewritten to end in `.require()`, which raises AssertionError with the checker's message and hint when the
-    verdict is a NOT YET; autograde counts that as a failed test, and the feedback shows the hint;
+  - the checker cell right after it becomes a locked test cell worth `points`, its last expression (the verdict
+    `v`) rewritten as `print(v.require())`, which prints a PASS and raises AssertionError with the checker's message
+    and hint for a NOT YET; autograde counts that as a failed test, and the feedback shows the hint;
   - a markdown cell tagged `answer` becomes the student tool's one line saying where to read it.
 Every other cell is left as the lesson has it: the lessons read an exercise through `checks.yours_or_ours`, so an
 unsolved exercise fails its own test cell and nothing else.
@@ -81,7 +81,7 @@ def course_notebook(nb, name="notebook", points=POINTS):
 
 
 def required(source, where="cell"):
-    """A checker cell's source with its last expression, the verdict, ending in `.require()`."""
+    """A checker cell's source with its last expression, the verdict `v`, made `print(v.require())`."""
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
@@ -98,7 +98,9 @@ def required(source, where="cell"):
     verdict = source[start:end]
     if not isinstance(last.value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
         verdict = f"({verdict})"
-    return f"{source[:start]}{verdict}.require(){source[end:]}"
+    # printed, not left as the cell's value: nbgrader reads a test cell's value as partial credit (a number) or, for
+    # anything else, as full credit with a warning that later versions may call it an error
+    return f"{source[:start]}print({verdict}.require()){source[end:]}"
 
 
 def _chars(line, offset):
