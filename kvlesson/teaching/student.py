@@ -19,6 +19,8 @@ block with the stub, indented like its BEGIN line. Around it, this tool adds wha
     marker or one unwritable destination anywhere writes nothing;
   - it never writes into the folder it reads, and never replaces an existing copy unless told to (--force):
     a copy in the destination may hold a learner's work.
+These copies need no nbgrader to use, and are graded by no one; for a class whose work is collected and graded,
+`python -m kvlesson.teaching.course` makes an nbgrader course of the same lessons, with these same rules.
 """
 import argparse
 import ast
@@ -317,8 +319,8 @@ def refuse_to_write_into(src, dest):
     if not src.is_dir():
         raise ValueError(f"{src} is not a folder of notebooks")
     if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
-        raise ValueError(f"refusing to write student copies into {src}, the folder of solutions it reads; "
-                         "pick a folder outside it, e.g. student/")
+        raise ValueError(f"refusing to write into {src}, the folder of solutions it reads; "
+                         "pick a folder outside it, e.g. student/ or course/")
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"{dest} exists and is not a folder")
 
