@@ -19,6 +19,8 @@ block with the stub, indented like its BEGIN line. Around it, this tool adds wha
     marker or one unwritable destination anywhere writes nothing;
   - it never writes into the folder it reads, and never replaces an existing copy unless told to (--force):
     a copy in the destination may hold a learner's work.
+These copies need no nbgrader to use, and are graded by no one; for a class whose work is collected and graded,
+`python -m kvlesson.teaching.course` makes an nbgrader course of the same lessons, with these same rules.
 """
 import argparse
 import ast
@@ -29,6 +31,8 @@ from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = 'raise NotImplementedError("your turn")'
+# how nbgrader's ClearSolutions finds and replaces a solution block, here and in an nbgrader course (course.py)
+CLEAR_SOLUTIONS = {"code_stub": {"python": STUB}, "begin_solution_delimeter": BEGIN, "end_solution_delimeter": END}
 ANSWER_TAG = "answer"  # the cell tag of a markdown cell that gives an answer away
 ANSWER_STUB = ("*(This explanation gives an exercise's answer away, so the student copy leaves it out. Read it in "
                "the lesson's solved copy, `notebooks/` in the repository, once the checker above says PASS.)*")
@@ -302,49 +306,76 @@ def write_student_copies(src, dest, force=False):
     or when something other than a file stands where a copy must go. OSError while writing is the caller's to
     report; it too leaves every earlier copy as it was.
     """
-    import nbformat
+    src, dest = Path(src), Path(dest)
+    refuse_to_write_into(src, dest)
+    copies = [(dest / path.name, *student_notebook(nb, path.name)) for path, nb in read_lessons(src)]
+    write_notebooks([(path, nb) for path, nb, _ in copies], force)
+    return [(path, blocks) for path, _, blocks in copies]
 
+
+def refuse_to_write_into(src, dest):
+    """ValueError when src is no folder, when dest is src or lies inside it, or when dest is not a folder."""
     src, dest = Path(src), Path(dest)
     if not src.is_dir():
         raise ValueError(f"{src} is not a folder of notebooks")
     if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
-        raise ValueError(f"refusing to write student copies into {src}, the folder of solutions it reads; "
-                         "pick a folder outside it, e.g. student/")
+        raise ValueError(f"refusing to write into {src}, the folder of solutions it reads; "
+                         "pick a folder outside it, e.g. student/ or course/")
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"{dest} exists and is not a folder")
-    copies = []
-    for path in sorted(src.glob("*.ipynb")):
+
+
+def read_lessons(src):
+    """[(path, notebook)] for every *.ipynb in the folder src, sorted; ValueError naming one nbformat cannot read,
+    or when there is none."""
+    import nbformat
+
+    lessons = []
+    for path in sorted(Path(src).glob("*.ipynb")):
         try:
-            nb = nbformat.read(path, as_version=4)
+            lessons.append((path, nbformat.read(path, as_version=4)))
         except Exception as e:  # nbformat raises JSON, validation and Unicode errors of several kinds
             raise ValueError(f"{path}: not a notebook nbformat can read ({type(e).__name__}: {e})") from None
-        copies.append((dest / path.name, *student_notebook(nb, path.name)))
-    if not copies:
+    if not lessons:
         raise ValueError(f"no notebooks (*.ipynb) in {src}")
-    there = [str(path) for path, _, _ in copies if path.exists()]
+    return lessons
+
+
+def write_notebooks(files, force=False):
+    """Write every (path, notebook) of `files`, all or none, making the folders they need.
+
+    ValueError, before anything is written, when a file exists and not `force` (it may hold a learner's work), or
+    when something other than a file stands where one must go. A write that fails (OSError, the caller's to report)
+    leaves every earlier file as it was and no new folder behind.
+    """
+    import nbformat
+
+    there = [str(path) for path, _ in files if path.exists()]
     if there and not force:
         more = f" and {len(there) - 3} more" if len(there) > 3 else ""
         raise ValueError(f"{', '.join(there[:3])}{more} already exist and may hold a learner's work; "
                          "nothing was written. Pick another folder, or pass --force to replace them")
-    staged = [(path.with_name(f".{path.name}.tmp"), path, nb) for path, nb, _ in copies]
+    staged = [(path.with_name(f".{path.name}.tmp"), path, nb) for path, nb in files]
     blocked = [str(p) for tmp, path, _ in staged for p in (path, tmp) if p.exists() and not p.is_file()]
     if blocked:  # issue 19: with --force, a folder in the way stopped the run after some copies were written
         raise ValueError(f"{blocked[0]} is in the way: a folder (or another non-file) where a copy must go; nothing "
                          "was written. Move it, or pick another folder")
-    made = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
-    try:  # every copy written beside its place first, so that a failure leaves the old copies as they were
+    missing = {d for path, _ in files for d in (path.parent, *path.parent.parents) if not d.exists()}
+    made = []
+    try:  # every file written beside its place first, so that a failure leaves the old ones as they were
+        for folder in sorted(missing, key=lambda d: len(d.parts)):
+            folder.mkdir()
+            made.append(folder)
         for tmp, _, nb in staged:
             nbformat.write(nb, tmp)
     except BaseException:
         for tmp, _, _ in staged:
             tmp.unlink(missing_ok=True)
-        if made:
-            dest.rmdir()
+        for folder in reversed(made):
+            folder.rmdir()
         raise
     for tmp, path, _ in staged:
         tmp.replace(path)  # a rename: no half-written notebook, ever
-    return [(path, blocks) for path, _, blocks in copies]
 
 
 def main(argv=None):
@@ -370,8 +401,7 @@ def _clear_solutions():
     from nbgrader.preprocessors import ClearSolutions
 
     # enforce_metadata=False: the lessons mark solutions with the comment lines only, not nbgrader cell metadata
-    return ClearSolutions(enforce_metadata=False, code_stub={"python": STUB}, begin_solution_delimeter=BEGIN,
-                          end_solution_delimeter=END)
+    return ClearSolutions(enforce_metadata=False, **CLEAR_SOLUTIONS)
 
 
 if __name__ == "__main__":

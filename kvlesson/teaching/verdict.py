@@ -71,6 +71,17 @@ class Verdict:
     def __repr__(self):
         return self.message
 
+    def require(self):
+        """This verdict if it passed; else AssertionError carrying its message and hint.
+
+        The one way a verdict raises, for a grader that counts a cell that raises as a failed test (nbgrader's test
+        cells end with `verdict.require()`); the checker itself still never raises.
+        """
+        __tracebackhide__ = True  # IPython and pytest then show the test cell's line, not this one
+        if not self.ok:
+            raise AssertionError(self.message)
+        return self
+
 
 def yours_or_ours(yours, verdict, ours, exercise):
     """Your function once its checker passed, else kvlesson's own, with a one-line note naming the exercise.
