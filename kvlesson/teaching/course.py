@@ -36,8 +36,8 @@ from kvlesson.teaching.student import (
 
 POINTS = 1  # per exercise, unless told otherwise
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-# nbgrader's limit on one cell's run time during autograde; its own default (30 s) is shorter than the longest cell
-# of lessons 10 and 11. 600 s is what the instructor guide's nbconvert command gives each cell.
+# nbgrader's limit on one cell's run time during autograde; its own default (30 s) leaves no margin for the float64
+# measurements of lessons 10 and 11 on a slow or busy machine. 600 s is what the guide's nbconvert command gives.
 CELL_TIMEOUT = 600
 CONFIG = '''\
 # nbgrader's settings for the kvlesson course, written by `python -m kvlesson.teaching.course`.
