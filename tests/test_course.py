@@ -5,7 +5,10 @@ a test cell gave full marks to an unsolved notebook, because a checker never rai
 workflow on lesson 04 (two exercises, no model) in a temporary course with its own gradebook: generate, then
 autograde an unsolved, a solved, a buggy and a tampered submission, then feedback.
 """
+import os
 import re
+import sys
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -150,8 +153,12 @@ def _errors(nb):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own use of its gradebook session
-def test_generate_autograde_and_feedback(tmp_path):
+def test_generate_autograde_and_feedback(tmp_path, monkeypatch):
     from nbgrader.api import Gradebook
+
+    # nbgrader runs its gradebook's migrations through the `alembic` command, found on PATH: put this Python's
+    # scripts there, as an activated environment would
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
     root = tmp_path / "course"
     write_course(root, [LESSON])

