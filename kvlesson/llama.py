@@ -188,6 +188,8 @@ def load(path=None, *, sha256=fetch.SHA256, f32_cache=True):
             print(f"kvlesson: cannot read the float32 copy in {folder} ({e.strerror}); reading the GGUF file "
                   "instead. Set KVLESSON_CACHE_DIR to a folder you own to keep a copy of your own.")
             folder = None
+    if folder is not None:  # the first load, or a rebuild: several silent seconds otherwise
+        print(f"kvlesson: reading {gguf_path.name} and dequantizing its weights to float32, once ...", flush=True)
     f = gguf_file.read(gguf_path)
     weights = layout.matmul_weights(f.tensors)
     if folder is not None:

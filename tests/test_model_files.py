@@ -139,8 +139,9 @@ def test_a_damaged_float32_copy_is_rebuilt_with_one_line_not_used(tmp_path, cach
     capsys.readouterr()
     model = llama.load(path, sha256=None)
     said = capsys.readouterr().out.splitlines()
-    assert len(said) == 3 and "cannot be used" in said[0] and "rebuilding" in said[0], said  # then the rewrite's two
-    assert said[1].startswith("kvlesson: writing the float32 weights") and "float32 copy written in" in said[2], said
+    assert len(said) == 4 and "cannot be used" in said[0] and "rebuilding" in said[0], said  # then the rebuild's three
+    assert said[1].startswith("kvlesson: reading tiny.gguf and dequantizing"), said
+    assert said[2].startswith("kvlesson: writing the float32 weights") and "float32 copy written in" in said[3], said
     np.testing.assert_array_equal(model.forward([0, 1, 2]), want)
     capsys.readouterr()
     llama.load(path, sha256=None)
@@ -148,13 +149,15 @@ def test_a_damaged_float32_copy_is_rebuilt_with_one_line_not_used(tmp_path, cach
 
 
 def test_writing_the_copy_says_what_and_how_big(tmp_path, cache_dir, capsys):
-    """The first load writes the float32 copy (0.5 GB for SmolLM2): it says so before it starts, and when it is done."""
+    """The first load dequantizes and writes the float32 copy (0.5 GB for SmolLM2): it says so before each step, and
+    when it is done."""
     path = tiny_gguf(tmp_path / "tiny.gguf")
     llama.load(path, sha256=None)
     folder = _copy_folder(cache_dir)
     arrays = sorted(folder.glob("*.npy"))
     mb = sum(np.load(a, mmap_mode="r").nbytes for a in arrays) / 1e6
-    before, after = capsys.readouterr().out.splitlines()
+    reading, before, after = capsys.readouterr().out.splitlines()
+    assert reading == "kvlesson: reading tiny.gguf and dequantizing its weights to float32, once ..."
     assert before == (f"kvlesson: writing the float32 weights once ({len(arrays)} arrays, {mb:,.0f} MB) to {folder}, "
                       "so that the next load maps them instead of dequantizing again ...")
     assert re.fullmatch(r"kvlesson: float32 copy written in \d+\.\d s\.", after), after
