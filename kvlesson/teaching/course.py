@@ -31,6 +31,7 @@ from kvlesson.teaching.student import (
     check_markers,
     read_lessons,
     refuse_to_write_into,
+    refused_or_written,
     write_notebooks,
 )
 
@@ -166,13 +167,9 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="replace a course's files already in dest")
     args = parser.parse_args(argv)
     points = int(args.points) if float(args.points).is_integer() else args.points
-    try:
-        written = write_course(args.dest, args.lessons, args.src, points, args.force)
-    except ValueError as e:
-        print(f"kvlesson.teaching.course: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"kvlesson.teaching.course: could not write {e.filename or args.dest}: {e.strerror}", file=sys.stderr)
+    written = refused_or_written("kvlesson.teaching.course", args.dest,
+                                 lambda: write_course(args.dest, args.lessons, args.src, points, args.force))
+    if written is None:
         return 1
     for path, exercises in written:
         print(f"{path}: {exercises} exercise{'s' if exercises != 1 else ''}, {exercises * points:g} points")

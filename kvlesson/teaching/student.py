@@ -378,19 +378,27 @@ def write_notebooks(files, force=False):
         tmp.replace(path)  # a rename: no half-written notebook, ever
 
 
+def refused_or_written(prog, dest, write):
+    """-> what write() returns, or None after saying on stderr why it refused (ValueError) or could not write
+    (OSError): the one error path of the command-line tools that write notebooks."""
+    try:
+        return write()
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"{prog}: could not write {e.filename or dest}: {e.strerror}", file=sys.stderr)
+    return None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m kvlesson.teaching.student", description=__doc__.split("\n")[0])
     parser.add_argument("src", help="folder of lesson notebooks, e.g. notebooks/")
     parser.add_argument("dest", help="folder for the student copies, e.g. student/")
     parser.add_argument("--force", action="store_true", help="replace copies already in dest (their edits are lost)")
     args = parser.parse_args(argv)
-    try:
-        written = write_student_copies(args.src, args.dest, force=args.force)
-    except ValueError as e:
-        print(f"kvlesson.teaching.student: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"kvlesson.teaching.student: could not write {e.filename or args.dest}: {e.strerror}", file=sys.stderr)
+    written = refused_or_written("kvlesson.teaching.student", args.dest,
+                                 lambda: write_student_copies(args.src, args.dest, force=args.force))
+    if written is None:
         return 1
     for path, blocks in written:
         print(f"{path}: {blocks} solution block{'s' if blocks != 1 else ''} replaced")
