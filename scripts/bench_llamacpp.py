@@ -11,6 +11,9 @@ threads (numpy's OpenBLAS and llama.cpp's own pool), each timed over the same de
   - kvlesson plain (kvlesson.model.forward with the loaded weights, the pass the lessons teach)
   - kvlesson fused (Model.fused(): Q/K/V and gate/up in one product each)
   - llama.cpp on the float32 copy, and on the Q4_1 file itself (98 MB against 540: 5.5x fewer bytes)
+  - the fused step's 121 matrix-vector products alone, back to back (bench.matvecs_only): what the fused step would
+    take if everything else in it cost nothing, so the fused target is out of reach while this is slower than
+    llama.cpp's whole step
 and the bandwidth floor of the round: the float32 weight bytes over the bandwidth of one 8192 x 8192 float32
 matrix-vector product. Each round reports each contender's median step; the table gives medians over rounds with the
 min .. max of each ratio, and a round in which a contender took more than 1.5x its median is flagged as stalled and
@@ -36,7 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench import decode_bytes, kvlesson_decode, matvec_bandwidth, rounds_table, settle
+from bench import decode_bytes, kvlesson_decode, matvec_bandwidth, matvecs_only, rounds_table, settle
 
 from kvlesson import llama
 from kvlesson.text import NAME as text_name
@@ -112,6 +115,7 @@ def child(args):
         row = {"floor": nbytes / matvec_bandwidth(), "kvlesson plain": kvlesson_decode(model, prompt, args.steps)}
         settle()
         row["kvlesson fused"] = kvlesson_decode(fast, prompt, args.steps)
+        row["fused products alone"] = matvecs_only(fast)
         for name, llm in engines.items():
             settle()
             row[name] = llamacpp_decode(llm, prompt, args.steps)
@@ -122,7 +126,7 @@ def child(args):
 
 def table(threads, result, args):
     rows = result["rows"]
-    names = ["kvlesson plain", "kvlesson fused", "llama.cpp F32", "llama.cpp Q4_1", "floor"]
+    names = ["kvlesson plain", "kvlesson fused", "fused products alone", "llama.cpp F32", "llama.cpp Q4_1", "floor"]
     med, stalled = rounds_table(rows, names)
     quiet = [r for i, r in enumerate(rows) if i not in stalled] or rows
     label = f"{threads} thread" + ("" if threads == 1 else "s")

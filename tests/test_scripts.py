@@ -70,3 +70,19 @@ def test_the_reference_generates_exactly_n_tokens_with_no_end_token(scripts_on_p
     out = hf_reference.greedy(hf, torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long), 3)
     assert hf.eos_seen == (None, None) and out.shape == (2, 3)
     assert hf.generation_config.eos_token_id == 2
+
+
+@pytest.mark.slow
+def test_the_paged_attention_variants_agree_and_print_their_budget(scripts_on_path, capsys, model):
+    """`python scripts/paged_attention_variants.py` in its smallest form: the three ways give the same attention, and
+    the in-place way refuses a block two sequences read (it would give one of them the other's queries)."""
+    import numpy as np
+    import paged_attention_variants as pav
+
+    pav.main(["--batch", "4", "--rounds", "1"])
+    out = capsys.readouterr().out
+    differences = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "largest difference" in line]
+    assert len(differences) == 3 and max(differences) < 1e-5
+    assert "leaves" in out and out.count("x the budget") == 3
+    with pytest.raises(ValueError, match="two sequences"):
+        pav.InPlace(np.array([[0, 1], [1, 2]]), np.array([20, 20]), 16)
