@@ -1,7 +1,7 @@
 """Markers for every test, so that a contributor can run the part they need (CONTRIBUTING.md):
 
     python -m pytest                                    # everything, as CI runs it
-    python -m pytest -m "not model and not notebooks"   # the package alone: a loop of seconds
+    python -m pytest -m "not model and not notebooks and not standalone"   # the package alone: a loop of seconds
 
   notebooks  a lesson run under strict nbval (every one of its cells is an item)
   model      needs SmolLM2, fetched once into the user cache (tests that use the `model` fixture, and lessons 08-11)
