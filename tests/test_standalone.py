@@ -94,7 +94,7 @@ def clean_env(venv=None):
 
 
 def run(command, cwd, venv=None, timeout=600):
-    """Run `command` (a list) in `cwd`; its output, or a failed assertion that shows what it said."""
+    """Run `command` (a list) in `cwd` -> what it printed; the test fails, showing what it said, if it fails."""
     done = subprocess.run([str(c) for c in command], cwd=cwd, env=clean_env(venv), capture_output=True, text=True,
                           timeout=timeout)
     if done.returncode:
@@ -141,8 +141,8 @@ def standalone_python(tmp_path_factory):
     venv = make_venv(where / "lessons", f"{wheel}[lessons]", *pinned("requirements-test.txt", "pytest", "nbval"),
                      constraints=constraints)
     python = venv / "bin" / "python"
-    found = run([python, "-c", "import kvlesson, sysconfig; print(kvlesson.__file__, sysconfig.get_path('purelib'))"],
-                cwd=where, venv=venv).split()
+    where_from = "import kvlesson, sysconfig; print(kvlesson.__file__); print(sysconfig.get_path('purelib'))"
+    found = run([python, "-c", where_from], cwd=where, venv=venv).splitlines()
     assert Path(found[0]).is_relative_to(found[1]), f"kvlesson came from {found[0]}, not the venv's {found[1]}"
     return python
 
