@@ -1,12 +1,13 @@
 """Markers for every test, so that a contributor can run the part they need (CONTRIBUTING.md):
 
     python -m pytest                                    # everything, as CI runs it
-    python -m pytest -m "not model and not notebooks"   # the package alone: a loop of seconds
+    python -m pytest -m "not model and not notebooks and not standalone"   # the package alone: a loop of seconds
 
   notebooks  a lesson run under strict nbval (every one of its cells is an item)
   model      needs SmolLM2, fetched once into the user cache (tests that use the `model` fixture, and lessons 08-11)
   browser    JupyterLab driven in the system's Chromium (tests/browser)
   slow       takes several seconds on its own: benchmarks in their smallest form, long hypothesis runs
+  standalone the built wheel in a fresh venv, each lesson run alone from it (tests that use `standalone_python`)
 """
 import json
 import os
@@ -41,6 +42,8 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.model)
         elif "model" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
+        if "standalone_python" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.standalone)
         if "browser" in item.path.parts:
             item.add_marker(pytest.mark.browser)
     def weight(path):

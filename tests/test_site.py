@@ -123,6 +123,13 @@ def test_no_page_shows_a_solution(site, notebook):
     assert not shown, f"{notebook.name}'s page shows solution code: {shown[:5]}"
 
 
+def test_no_page_shows_the_install_cell(site):
+    """A page runs nothing, so the first cell of every lesson, which installs kvlesson on Colab, would only puzzle its
+    reader: its `remove-cell` tag leaves it out (tests/test_standalone.py keeps the cell and its tag the same)."""
+    shown = [nb.stem for nb in NOTEBOOKS if "google.colab" in (site / "notebooks" / f"{nb.stem}.html").read_text()]
+    assert not shown, f"pages that show the install cell: {shown}"
+
+
 def test_the_site_ships_no_notebook(site):
     """Sphinx copies each source beside its page by default: that copy would hold every solution."""
     assert not [p.relative_to(site) for p in site.rglob("*.ipynb")]

@@ -149,6 +149,35 @@ def test_the_guide_shows_what_the_command_prints_now():
         "python -m kvlesson.teaching.syllabus --write docs/instructor_guide.md")
 
 
+def test_the_shipped_map_is_what_the_notebooks_hold_now():
+    """Lesson 00 plans the series from the map the package ships, not from its sibling notebooks (a lesson opened
+    alone has none): re-executing or editing a lesson must be followed by
+    `python -m kvlesson.teaching.syllabus --write-data`."""
+    assert syllabus.DATA.read_text(encoding="utf-8") == syllabus.data_text(syllabus.lessons(NOTEBOOKS)), (
+        "kvlesson/teaching/syllabus.json is out of date: run python -m kvlesson.teaching.syllabus --write-data")
+    assert syllabus.shipped() == syllabus.lessons(NOTEBOOKS)  # every count, heading and second reads back equal
+
+
+def test_the_map_reads_back_as_the_lessons_it_was_written_from(tmp_path):
+    for name in syllabus.LESSONS:
+        write(tmp_path, name, CELLS)
+    path = tmp_path / "map.json"
+    assert syllabus.main(["--notebooks", str(tmp_path), "--write-data", str(path)]) == 1  # the toys break the plans
+    got = syllabus.shipped(path)
+    assert got == syllabus.lessons(tmp_path) and list(got) == list(syllabus.LESSONS)
+    assert got["04_offset_mask"].sections == (("1. Your turn", 2), ("2. Interview corner", 6), ("2.1 A follow-up", 0))
+
+
+def test_a_map_with_a_hole_is_refused_and_nothing_is_written(tmp_path, capsys):
+    write(tmp_path, "01_attention", CELLS)
+    (tmp_path / "03_kv_cache.ipynb").write_text('{"cells": [')
+    with pytest.raises(ValueError, match=r"02_why_a_cache \(missing\).*03_kv_cache \(unreadable"):
+        syllabus.data_text(syllabus.lessons(tmp_path))
+    path = tmp_path / "map.json"
+    assert syllabus.main(["--notebooks", str(tmp_path), "--write-data", str(path)]) == 1
+    assert not path.exists() and "cannot map lessons that were not read" in capsys.readouterr().err
+
+
 def test_write_replaces_only_the_marked_block(tmp_path):
     write(tmp_path, "01_attention", CELLS)
     guide = tmp_path / "guide.md"

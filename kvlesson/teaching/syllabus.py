@@ -11,6 +11,12 @@ measured in the notebook itself:
 
     python -m kvlesson.teaching.syllabus                                     # per-lesson table and plans, as Markdown
     python -m kvlesson.teaching.syllabus --write docs/instructor_guide.md    # the same, into the guide's marked block
+    python -m kvlesson.teaching.syllabus --write-data                         # the package's map of the lessons
+
+The map (kvlesson/teaching/syllabus.json, shipped in the wheel) holds what `lessons()` counts in every notebook,
+headings included, so that lesson 00 can plan the series from the installed package alone (`shipped()`): a lesson
+opened on its own, on a hosted notebook service say, has no sibling notebooks to read. Re-executing a lesson changes
+its run seconds, so both commands follow every re-execution (a test fails while either is stale).
 """
 import argparse
 import json
@@ -26,6 +32,7 @@ EXERCISE_MINUTES = 8  # per exercise done live: an assumption to replace with a 
 CORNER_MINUTES = 2  # per interview corner answered aloud: an assumption
 BEGIN = "### BEGIN SOLUTION"  # the nbgrader marker that opens an exercise's solution (as kvlesson.teaching.student)
 START, END = "<!-- syllabus:start -->", "<!-- syllabus:end -->"  # the guide's generated block
+DATA = Path(__file__).with_name("syllabus.json")  # the map of the lessons the package ships (`shipped()`)
 
 PART_ONE = ("01_attention", "02_why_a_cache", "03_kv_cache", "04_offset_mask", "05_gqa", "06_rope",
             "07_sliding_window", "08_real_model")
@@ -72,8 +79,9 @@ def cell_seconds(cell):
 
 
 def run_seconds(cells):
-    """Seconds the code cells took in the notebook's last full run."""
-    return sum(cell_seconds(c) for c in cells if c.get("cell_type") == "code")
+    """Seconds the code cells took in the notebook's last full run, to the microsecond (Jupyter's timestamps count
+    microseconds; the rounding drops float noise, so the figure reads back from the shipped map unchanged)."""
+    return round(sum(cell_seconds(c) for c in cells if c.get("cell_type") == "code"), 6)
 
 
 def sections(cells):
@@ -105,6 +113,7 @@ class Lesson:
     corners: int = 0
     seconds: float = 0.0
     problem: str = ""
+    sections: tuple = ()  # ((heading, words of prose under it), ...) for every heading below the title, in order
 
     def minutes(self, live=None):
         """Estimated minutes in a room: its prose read, `live` of its exercises done there (all when None), its
@@ -126,12 +135,34 @@ def read_lesson(folder, name):
         cells = read_cells(path)
     except (OSError, ValueError, KeyError, TypeError) as e:  # a notebook half-written by an editor, say
         return Lesson(name, problem=f"unreadable ({type(e).__name__})")
-    return Lesson(name, words_of_prose(cells), exercises(cells), interview_corners(cells), run_seconds(cells))
+    return Lesson(name, words_of_prose(cells), exercises(cells), interview_corners(cells), run_seconds(cells),
+                  sections=tuple(sections(cells).items()))
 
 
 def lessons(folder="notebooks"):
-    """{name: Lesson} for every lesson of the series, in order."""
+    """{name: Lesson} for every lesson of the series, in order, counted in the notebooks of `folder`."""
     return {name: read_lesson(folder, name) for name in LESSONS}
+
+
+# ---- the map the package ships: the same Lessons, for a lesson that has no notebooks beside it ----
+
+def data_text(found):
+    """The map of `found` ({name: Lesson}, as `lessons()` gives) as the package ships it: JSON, one object per
+    lesson. ValueError naming every lesson that could not be read, because a map with a hole would mislead."""
+    unread = [f"{lesson.name} ({lesson.problem})" for lesson in found.values() if lesson.problem]
+    if unread:
+        raise ValueError(f"cannot map lessons that were not read: {', '.join(unread)}")
+    return json.dumps({name: {"words": lesson.words, "exercises": lesson.exercises, "corners": lesson.corners,
+                              "seconds": lesson.seconds, "sections": dict(lesson.sections)}
+                       for name, lesson in found.items()}, indent=1, ensure_ascii=False) + "\n"
+
+
+def shipped(path=DATA):
+    """{name: Lesson} for every lesson, in order, read from the map the package ships: what `lessons()` counted in
+    the notebooks when the map was last written (`--write-data`)."""
+    found = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {name: Lesson(name, got["words"], got["exercises"], got["corners"], got["seconds"],
+                         sections=tuple(got["sections"].items())) for name, got in found.items()}
 
 
 # ---- plans: blocks of a session; a lesson block's minutes are its estimate, the buffer takes what is left ----
@@ -389,21 +420,32 @@ def main(argv=None):
     parser.add_argument("--notebooks", default="notebooks", help="folder of the lessons (default: notebooks)")
     parser.add_argument("--write", metavar="GUIDE", help="replace the marked block of this Markdown file instead "
                                                          "of printing")
+    parser.add_argument("--write-data", metavar="MAP", nargs="?", const=str(DATA),
+                        help=f"write the map of the lessons instead of printing (default: {DATA.name} in the package)")
     args = parser.parse_args(argv)
+    if args.write_data and not written(args.write_data, lambda _: data_text(lessons(args.notebooks))):
+        return 1
     block = markdown(args.notebooks)
-    if args.write:
-        path = Path(args.write)
-        try:
-            path.write_text(replace_block(path.read_text(encoding="utf-8"), block), encoding="utf-8")
-        except (OSError, ValueError) as e:
-            print(f"kvlesson.teaching.syllabus: {path}: {e}", file=sys.stderr)
-            return 1
-    else:
+    if args.write and not written(args.write, lambda text: replace_block(text, block)):
+        return 1
+    if not (args.write or args.write_data):
         print(block, end="")
     said = problems(PLANS, lessons(args.notebooks))
     for line in said:
         print(f"kvlesson.teaching.syllabus: {line}", file=sys.stderr)
     return 1 if said else 0
+
+
+def written(path, make):
+    """Write `make(the file's text)` into `path` (make is given "" for a file not there yet); False after saying on
+    stderr why nothing was written."""
+    path = Path(path)
+    try:
+        path.write_text(make(path.read_text(encoding="utf-8") if path.exists() else ""), encoding="utf-8")
+    except (OSError, ValueError) as e:
+        print(f"kvlesson.teaching.syllabus: {path}: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""Every lesson runs alone, from the built package: what a learner has who opens one notebook on a hosted service
+(or anywhere else) after `pip install "kvlesson[lessons]"`, with no repository and no sibling notebook.
+
+The quick tests keep the `lessons` extra, requirements.txt and every lesson's first cell in step. The slow one builds
+the sdist and the wheel (`python -m build`, in a venv of their own with the build tools pinned in
+requirements-test.txt), checks both with twine, installs the wheel with its extra into a second fresh venv beside
+nbval and pytest, then copies each lesson alone into an empty folder and runs it there under nbval, as strictly as
+the repository's own run, with the repository nowhere on the path. It needs the network (pip) and, for the lessons
+that load SmolLM2, the model cache the rest of the suite uses ($KVLESSON_CACHE_DIR or ~/.cache/kvlesson).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from kvlesson.teaching.syllabus import LESSONS
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+# the kernel and the front end: requirements.txt pins them for a local set-up, and a hosted service brings its own
+LOCAL_ONLY = {"ipykernel", "jupyterlab"}
+SANITIZE = "nbval_sanitize.cfg"  # a test tool, not something a lesson reads: it goes beside the lesson
+# every lesson's first code cell, exactly: it installs the package on Colab and does nothing (and prints nothing)
+# anywhere else; the site leaves it out (the `remove-cell` tag), since a reader of a page runs nothing
+FIRST_CELL = '''import subprocess
+import sys
+
+# a hosted notebook (Colab) starts without kvlesson; locally the README's set-up installed it, so nothing runs here
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "kvlesson[lessons]"], check=True)'''
+FIRST_CELL_TAGS = ["remove-cell"]
+ONE_LESSON_TIMEOUT = 900  # seconds: lesson 11, the longest, takes about a minute; this only bounds a hang
+
+
+def pins(name):
+    """{canonical name: version} of the `name==version` lines of a requirements file in the repository."""
+    text = (ROOT / name).read_text(encoding="utf-8")
+    return {canonicalize_name(n): v for n, v in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
+
+
+def declared():
+    """{canonical name: Requirement} of what the package asks for: its dependencies and its `lessons` extra."""
+    project = PYPROJECT["project"]
+    lines = project["dependencies"] + project["optional-dependencies"]["lessons"]
+    return {canonicalize_name(r.name): r for r in map(Requirement, lines)}
+
+
+def test_the_lessons_extra_and_requirements_txt_name_the_same_packages():
+    """`pip install "kvlesson[lessons]"` and `pip install -r requirements.txt` must give a lesson the same packages:
+    requirements.txt pins exactly what the package declares, plus the kernel and front end of a local set-up."""
+    pinned, wanted = pins("requirements.txt"), declared()
+    assert set(wanted) == set(pinned) - LOCAL_ONLY, (
+        f"in pyproject.toml only: {sorted(set(wanted) - set(pinned))}; "
+        f"in requirements.txt only: {sorted(set(pinned) - LOCAL_ONLY - set(wanted))}")
+    outside = {name: f"{pinned[name]} outside {r.specifier}" for name, r in wanted.items()
+               if pinned[name] not in r.specifier}
+    assert not outside, f"requirements.txt pins releases its own package's bounds exclude: {outside}"
+
+
+def first_code_cell(path):
+    return next(c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_lesson_starts_with_the_same_install_cell(lesson):
+    """One exact text, so that no lesson's copy drifts; locally it prints nothing."""
+    cell = first_code_cell(ROOT / "notebooks" / f"{lesson}.ipynb")
+    assert "".join(cell["source"]) == FIRST_CELL, f"{lesson}'s first code cell is not tests/test_standalone.py's"
+    assert cell["metadata"].get("tags") == FIRST_CELL_TAGS and cell["outputs"] == []
+
+
+def test_the_lessons_folder_holds_the_series():
+    assert sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")) == list(LESSONS)
+
+
+# ---- the slow part: the built wheel in a fresh venv, each lesson alone ----
+
+def clean_env(venv=None):
+    """This process's environment without what would lead a child to the repository or to this test run: a child
+    in `venv` finds that venv's programs first."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV") and not k.startswith("PYTEST_")}
+    if venv is not None:
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def run(command, cwd, venv=None, timeout=600):
+    """Run `command` (a list) in `cwd` -> what it printed; the test fails, showing what it said, if it fails."""
+    done = subprocess.run([str(c) for c in command], cwd=cwd, env=clean_env(venv), capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode:
+        pytest.fail(f"{' '.join(map(str, command))} exited {done.returncode}:\n{done.stdout[-4000:]}\n"
+                    f"{done.stderr[-4000:]}", pytrace=False)
+    return done.stdout
+
+
+def make_venv(path, *requirements, constraints=None):
+    """A fresh venv at `path` (no system site-packages) with `requirements` installed; -> its folder."""
+    run([sys.executable, "-m", "venv", path], cwd=path.parent)
+    limit = ["-c", constraints] if constraints else []
+    run([path / "bin" / "python", "-m", "pip", "install", "-q", *limit, *requirements], cwd=path.parent, venv=path)
+    return path
+
+
+def pinned(name, *packages):
+    """`package==version` for each of `packages`, as the requirements file `name` pins it."""
+    found = pins(name)
+    return [f"{p}=={found[canonicalize_name(p)]}" for p in packages]
+
+
+def nbval_options():
+    """The repository's own nbval run, as flags: its --nbval options (pyproject's addopts, less xdist's) and its
+    warnings filters (`error`: a warning in the test process fails it)."""
+    ini = PYPROJECT["tool"]["pytest"]["ini_options"]
+    return [o for o in ini["addopts"].split() if o.startswith("--nbval")] + [f"-W{f}" for f in ini["filterwarnings"]]
+
+
+@pytest.fixture(scope="module")
+def standalone_python(tmp_path_factory):
+    """The python of a fresh venv that holds the wheel built from this repository, its `lessons` extra, and the
+    nbval and pytest that requirements-test.txt pins, every lesson package at requirements.txt's pin (the releases
+    the committed outputs were made with)."""
+    where = tmp_path_factory.mktemp("standalone")
+    tools = make_venv(where / "tools", *pinned("requirements-test.txt", "build", "twine"))
+    dist = where / "dist"
+    # the sdist first, then the wheel built from it: a file the sdist leaves out is missing from the wheel too
+    run([tools / "bin" / "python", "-m", "build", "--outdir", dist, ROOT], cwd=where)
+    (sdist,), (wheel,) = dist.glob("*.tar.gz"), dist.glob("*.whl")
+    run([tools / "bin" / "python", "-m", "twine", "check", "--strict", sdist, wheel], cwd=where)
+    constraints = where / "constraints.txt"
+    constraints.write_text("".join(f"{n}=={v}\n" for n, v in pins("requirements.txt").items()))
+    venv = make_venv(where / "lessons", f"{wheel}[lessons]", *pinned("requirements-test.txt", "pytest", "nbval"),
+                     constraints=constraints)
+    python = venv / "bin" / "python"
+    where_from = "import kvlesson, sysconfig; print(kvlesson.__file__); print(sysconfig.get_path('purelib'))"
+    found = run([python, "-c", where_from], cwd=where, venv=venv).splitlines()
+    assert Path(found[0]).is_relative_to(found[1]), f"kvlesson came from {found[0]}, not the venv's {found[1]}"
+    return python
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_the_lesson_runs_alone_from_the_installed_wheel(standalone_python, lesson, tmp_path):
+    """The lesson, alone in an empty folder, passes strict nbval in the fresh venv: it reads no sibling notebook,
+    no file of the repository, and imports nothing that `kvlesson[lessons]` does not bring."""
+    shutil.copy(ROOT / "notebooks" / f"{lesson}.ipynb", tmp_path)
+    shutil.copy(ROOT / SANITIZE, tmp_path)
+    run([standalone_python, "-m", "pytest", *nbval_options(), "-p", "no:cacheprovider", "-q", f"{lesson}.ipynb"],
+        cwd=tmp_path, venv=standalone_python.parent.parent, timeout=ONE_LESSON_TIMEOUT)
