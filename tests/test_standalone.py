@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,8 @@ def standalone_python(tmp_path_factory):
     run([tools / "bin" / "python", "-m", "build", "--outdir", dist, ROOT], cwd=where)
     (sdist,), (wheel,) = dist.glob("*.tar.gz"), dist.glob("*.whl")
     run([tools / "bin" / "python", "-m", "twine", "check", "--strict", sdist, wheel], cwd=where)
+    with zipfile.ZipFile(wheel) as z:  # pyproject says Apache-2.0; the wheel must carry the license's text
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in z.namelist()), "the wheel has no LICENSE"
     constraints = where / "constraints.txt"
     constraints.write_text("".join(f"{n}=={v}\n" for n, v in pins("requirements.txt").items()))
     venv = make_venv(where / "lessons", f"{wheel}[lessons]", *pinned("requirements-test.txt", "pytest", "nbval"),
