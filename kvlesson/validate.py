@@ -15,7 +15,7 @@ import operator
 
 import numpy as np
 
-__all__ = ["integer", "window", "positive", "floats", "same_dtype", "token_ids"]
+__all__ = ["integer", "window", "positive", "floats", "same_dtype", "token_ids", "request", "real"]
 
 
 def integer(name, value, minimum=0):
@@ -46,6 +46,16 @@ def positive(name, value):
     x = float(value)
     if not (math.isfinite(x) and x > 0):
         raise ValueError(f"{name} must be finite and above 0; got {name}={value!r}")
+    return x
+
+
+def real(name, value, minimum=-math.inf):
+    """-> float. A finite real number of at least `minimum` (an arrival time, a temperature); bool refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {name}={value!r} ({type(value).__name__})")
+    x = float(value)
+    if not (math.isfinite(x) and x >= minimum):
+        raise ValueError(f"{name} must be finite and at least {minimum:g}; got {name}={value!r}")
     return x
 
 
@@ -99,6 +109,19 @@ def token_ids(name, ids, vocab):
     if bad.size:
         raise ValueError(f"{name} must lie in [0, {vocab}); got {bad[:5].tolist()}")
     return out
+
+
+def request(ids, max_new_tokens, vocab, max_len, *, name="ids", at_least=0):
+    """-> (ids as a list of ints, n): a prompt of at least one token id in [0, vocab), and max_new_tokens, an integer
+    of at least `at_least`, such that the prompt and the new tokens fit a context of max_len positions. The one check
+    every way of generating makes (Model.generate, both engines, speculative decoding) before anything moves."""
+    ids = token_ids(name, ids, vocab).tolist()
+    n = integer("max_new_tokens", max_new_tokens, minimum=at_least)
+    if not ids:
+        raise ValueError(f"{name} is empty: need at least one prompt token to predict the next one")
+    if len(ids) + n > max_len:
+        raise ValueError(f"{name}: {len(ids)} prompt + max_new_tokens={n} exceed the context of {max_len} positions")
+    return ids, n
 
 
 def attention_inputs(q, k, v, window=None):
