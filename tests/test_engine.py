@@ -391,6 +391,8 @@ def test_float32_in_float32_out_and_float64_stays_float64():
     (lambda e: e.submit([1, 2], 0), ValueError, "max_new_tokens must be at least 1"),
     (lambda e: e.submit([1, 2], 2.0), TypeError, "max_new_tokens must be an integer"),
     (lambda e: e.submit([1, 2], 3, stop_ids=[999]), ValueError, r"stop_ids must lie in \[0, 256\)"),
+    (lambda e: e.submit([1, 2], 3, stop_ids=2), TypeError, "stop_ids must be a sequence of token ids; got int"),
+    (lambda e: e.submit([1, 2], 3, stop_ids=None), TypeError, "stop_ids must be a sequence of token ids"),
     (lambda e: e.submit(list(range(14)), 4), ValueError, "needs 5 blocks of 4 even alone; the pool has n_blocks=4"),
     (lambda e: e.submit([1] * 120, 9), ValueError, "exceed the context of 128 positions"),
 ])
@@ -404,6 +406,7 @@ def test_bad_requests_are_refused_before_anything_is_queued(call, error, words):
 @pytest.mark.parametrize("kwargs, error, words", [
     (dict(preemption="drop"), ValueError, r"preemption must be one of \('recompute', 'swap'\); got preemption='drop'"),
     (dict(max_seqs=0), ValueError, "max_seqs must be at least 1"),
+    (dict(max_seqs=32), ValueError, "max_seqs=32 sequences cannot all decode in a step of max_batch_tokens=16"),
     (dict(max_batch_tokens=0), ValueError, "max_batch_tokens must be at least 1"),
     (dict(prefix_caching=1), TypeError, "prefix_caching must be True or False"),
     (dict(n_blocks=0), ValueError, "n_blocks must be at least 1"),
@@ -449,6 +452,23 @@ def test_replay_measures_the_engine_and_lesson_09s_batcher_on_one_trace():
     assert timed.outputs == want and np.all(~np.isnan(timed.step_tokens)) and np.all(timed.ttft_s > 0)
     with pytest.raises(ValueError, match="clock must be 'steps' or 'seconds'"):
         trace.replay(Engine(model, 24, 4), requests, clock="hours")
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    ([], ValueError, "trace must be a non-empty list"),
+    ("abc", ValueError, "trace must be a non-empty list"),
+    ([(0, [1, 2], 3), (1, [1, 2])], ValueError, r"trace\[1\] must be \(arrival, prompt ids, max_new_tokens\)"),
+    ([(0, [1, 2], 3), (float("nan"), [1, 2], 3)], ValueError, r"trace\[1\] arrival must be finite"),
+    ([(0, [1, 2], 3), (1, [1, 999], 3)], ValueError, r"trace\[1\] ids must lie in \[0, 256\)"),
+    ([(0, [1, 2], 3), (1, [1, 2], 0)], ValueError, "max_new_tokens must be at least 1"),
+    ([(0, [1, 2], 3), (1, list(range(60)), 3)], ValueError, r"trace\[1\] ids: a prompt of 60 tokens"),
+])
+def test_replay_checks_every_request_before_the_first_runs(bad, error, words):
+    """Issue 33: a bad request late in a trace was refused only after the earlier ones had run."""
+    eng = Engine(tiny_model(), 12, 4)
+    with pytest.raises(error, match=words):
+        trace.replay(eng, bad)
+    assert eng.requests == {} and eng.stats["steps"] == 0
 
 
 # ---- SmolLM2, float32

@@ -28,7 +28,6 @@ Two more things a scheduler needs (kvlesson.serving.engine, lesson 13):
     swap_in(swapped) copies them back into free blocks, as a new sequence with the same keys and values.
 """
 import contextlib
-import copy
 import hashlib
 import math
 from collections import OrderedDict
@@ -144,7 +143,7 @@ class PagedKVCache:
         if self._saved is not None:
             yield
             return
-        books = copy.deepcopy(self._books())
+        books = self._books()
         self._held_at_start = set(range(self.n_blocks)).difference(self._free)  # contents someone can still read
         self._saved = {}
         try:
@@ -158,7 +157,7 @@ class PagedKVCache:
         sequence views or a truncate in between (blocks only taken, or only released, not both). A cached block that
         was taken meanwhile may hold other keys now, so it comes back free instead of cached: a lost cache entry, never
         a wrong one. An engine's step, which frees and retakes blocks, uses atomic() instead."""
-        books = copy.deepcopy(self._books())
+        books = self._books()
 
         def restore():
             taken = [b for b in books["_idle"] if b not in self._idle]  # evicted meanwhile: contents unknown
@@ -169,8 +168,11 @@ class PagedKVCache:
         return restore
 
     def _books(self):
-        return dict(refs=self.refs, _free=self._free, _tables=self._tables, _lens=self._lens, _keys=self._keys,
-                    _block_of=self._block_of, _key_of=self._key_of, _idle=self._idle, _next_id=self._next_id)
+        """-> a copy of the bookkeeping: every list and dict of it, down to each sequence's table and keys."""
+        return dict(refs=list(self.refs), _free=list(self._free), _tables={s: list(t) for s, t in self._tables.items()},
+                    _lens=dict(self._lens), _keys={s: list(k) for s, k in self._keys.items()},
+                    _block_of=dict(self._block_of), _key_of=dict(self._key_of), _idle=OrderedDict(self._idle),
+                    _next_id=self._next_id)
 
     def _put_back(self, books):
         for block, (k, v) in self._saved.items():
