@@ -20,29 +20,34 @@ from kvlesson.configs import Config
 from kvlesson.layer import attend, project
 
 
-def forward(cfg, w, ids, caches, *, attend=attend, rows=None):
+def forward(cfg, w, ids, caches, *, attend=attend, rows=None, reduce=None):
     """[T] token ids -> [T, vocab] logits, appending the T new tokens to `caches` (one per layer).
 
     attend(q, k, v, cache, rope_base=, interleaved=) -> [T, H*d] is how attention reads a cache: kvlesson.layer.attend
     (the default) for one sequence, kvlesson.serving.batch.attend for a batch on a paged pool. rows: only these rows'
     logits (a batch wants each sequence's last), so the [T, vocab] product is never made for the rest.
+    reduce(partial) -> full is applied to the attention's and the feed-forward's last products before each joins the
+    residual: None for one process; a sum over ranks for tensor parallelism (kvlesson.parallel.tensor), whose ranks
+    hold some heads and some feed-forward columns each, so their products are partial sums of the full ones.
     """
     x = w["token_embd.weight"][_checked(cfg, ids, caches)]  # [T, D]
     for i, cache in enumerate(caches):
-        x = block(cfg, w, i, x, cache, attend)
+        x = block(cfg, w, i, x, cache, attend, reduce)
     x = rms_norm(x if rows is None else x[rows], w["output_norm.weight"], cfg.norm_eps)
     return x @ w["output.weight"]  # [T, vocab]; tied models share token_embd, transposed
 
 
-def block(cfg, w, i, x, cache, attend=attend):
+def block(cfg, w, i, x, cache, attend=attend, reduce=None):
     """[T, D] -> [T, D]: layer i. Attention over the cache, then the feed-forward, each added to the residual."""
     b = f"blk.{i}."
     h = rms_norm(x, w[b + "attn_norm.weight"], cfg.norm_eps)
     q, k, v = qkv(cfg, w, b, h)  # [H, T, d], [Hkv, T, d], [Hkv, T, d]: the new tokens only
     a = attend(q, k, v, cache, rope_base=cfg.rope_base, interleaved=cfg.rope_interleaved)  # [T, H*d]
-    x = x + a @ w[b + "attn_output.weight"]
+    out = a @ w[b + "attn_output.weight"]  # [T, D]
+    x = x + (out if reduce is None else reduce(out))
     h = rms_norm(x, w[b + "ffn_norm.weight"], cfg.norm_eps)
-    return x + swiglu(w, b, h) @ w[b + "ffn_down.weight"]
+    out = swiglu(w, b, h) @ w[b + "ffn_down.weight"]  # [T, D]
+    return x + (out if reduce is None else reduce(out))
 
 
 def _checked(cfg, ids, caches):
