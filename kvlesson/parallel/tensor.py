@@ -1,0 +1,156 @@
+"""Tensor parallelism (Megatron-LM, Shoeybi et al., arXiv 1909.08053) of the one forward pass: P ranks, one model.
+
+Each rank holds a slice of every layer, as views of the full weights (no copy, and no second layer body):
+    Wq [D, H*d]             the columns of its H / P query heads
+    Wk, Wv [D, Hkv*d]       the columns of the KV heads its query heads read: with P > Hkv one KV head serves several
+                            ranks, and each of them holds a copy of it, in its weights and in its cache
+    Wo [H*d, D]             the rows its heads' outputs multiply
+    Wgate, Wup [D, hidden]  a slice of the columns (nearly equal slices: hidden need not divide by P);
+    Wdown [hidden, D]       the same rows
+    the norms, the token table, the output head: whole on every rank
+A rank's attention output times its rows of Wo is one term of the full product, a sum over heads; so is its
+feed-forward output times its rows of Wdown, a sum over the hidden columns. kvlesson.model.forward's `reduce` sums each
+over the ranks with one all-reduce before it joins the residual: two all-reduces per layer, and nothing else moves.
+
+    mpiexec -n 3 python -m kvlesson.parallel.tensor --ids 1,2,3 --new-tokens 8
+"""
+import argparse
+import dataclasses
+import time
+
+import numpy as np
+
+from kvlesson import model as _model
+from kvlesson import validate
+from kvlesson.parallel import launch
+from kvlesson.weights import f32cache, fetch
+
+
+def check(cfg, P):
+    """ValueError unless P ranks can share cfg's heads: P divides the H query heads, and P divides the Hkv KV heads or
+    is a multiple of them (then each KV head is copied to P / Hkv ranks)."""
+    P = validate.integer("P", P, minimum=1)
+    if cfg.H % P:
+        raise ValueError(f"P={P} ranks cannot share {cfg.H} query heads evenly: P must divide H={cfg.H}")
+    if cfg.Hkv % P and P % cfg.Hkv:
+        raise ValueError(f"P={P} ranks cannot share {cfg.Hkv} KV heads: P must divide Hkv={cfg.Hkv} or be a multiple "
+                         "of it (each KV head then copied to P / Hkv ranks)")
+    return P
+
+
+def heads(cfg, rank, P):
+    """-> (query heads, KV heads) of `rank` among P, as ranges. Query head h reads KV head h // G (G = H / Hkv), so
+    the KV heads a rank needs are those of its first and last query heads and every one between."""
+    P = check(cfg, P)
+    rank = validate.integer("rank", rank)
+    if rank >= P:
+        raise ValueError(f"rank={rank} is not one of the P={P} ranks")
+    n, G = cfg.H // P, cfg.H // cfg.Hkv
+    first = rank * n
+    return range(first, first + n), range(first // G, (first + n - 1) // G + 1)
+
+
+def columns(hidden, rank, P):
+    """-> range: the feed-forward's hidden columns of `rank`, P nearly equal slices in order."""
+    return range(rank * hidden // P, (rank + 1) * hidden // P)
+
+
+def shard(cfg, w, rank, P):
+    """-> (cfg, weights) of one rank: its heads and columns as views of `w`, the config they make (H, Hkv and hidden
+    of the slice). kvlesson.model.forward runs it like any model, and its caches hold only its KV heads."""
+    q_heads, kv_heads = heads(cfg, rank, P)
+    if "blk.0.attn_qkv.weight" in w:
+        raise ValueError("shard takes the model's plain weights; fused ones (Model.fused) mix Q, K and V columns")
+    d, cols = cfg.d, columns(cfg.hidden, rank, P)
+    q, kv = slice(q_heads.start * d, q_heads.stop * d), slice(kv_heads.start * d, kv_heads.stop * d)
+    c = slice(cols.start, cols.stop)
+    mine = {}
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        mine |= {b + "attn_norm.weight": w[b + "attn_norm.weight"], b + "ffn_norm.weight": w[b + "ffn_norm.weight"],
+                 b + "attn_q.weight": w[b + "attn_q.weight"][:, q],  # [D, H/P * d]
+                 b + "attn_k.weight": w[b + "attn_k.weight"][:, kv],  # [D, its KV heads * d]
+                 b + "attn_v.weight": w[b + "attn_v.weight"][:, kv],
+                 b + "attn_output.weight": w[b + "attn_output.weight"][q],  # [H/P * d, D]
+                 b + "ffn_gate.weight": w[b + "ffn_gate.weight"][:, c],  # [D, its columns]
+                 b + "ffn_up.weight": w[b + "ffn_up.weight"][:, c],
+                 b + "ffn_down.weight": w[b + "ffn_down.weight"][c]}  # [its columns, D]
+    for name in ("token_embd.weight", "output_norm.weight", "output.weight"):
+        mine[name] = w[name]
+    return dataclasses.replace(cfg, H=len(q_heads), Hkv=len(kv_heads), hidden=len(cols)), mine
+
+
+def all_reduce(comm):
+    """-> reduce(partial) -> full: the sum of every rank's partial [T, D], the same on every rank."""
+    def reduce(partial):
+        full = np.empty_like(partial)
+        comm.Allreduce(np.ascontiguousarray(partial), full)
+        return full
+    return reduce
+
+
+def generate(comm, cfg, w, ids, new_tokens, reduce=None):
+    """Greedy decoding on P ranks -> (new token ids, the prompt's logits [T, vocab], this rank's caches).
+
+    Each rank runs the one forward pass on its shard; rank 0 picks each token and broadcasts it, so that every rank
+    feeds the same one even where float32 sums could tie differently on different ranks.
+    """
+    local, mine = shard(cfg, w, comm.rank, comm.size)
+    caches = _model.new_cache(_model.with_max_len(local, len(ids) + new_tokens))
+    reduce = reduce or all_reduce(comm)
+    logits = _model.forward(local, mine, ids, caches, reduce=reduce)  # [T, vocab], whole on every rank
+    prompt_logits, out = logits, []
+    token = np.zeros(1, np.int64)
+    for _ in range(new_tokens):
+        token[0] = np.argmax(logits[-1])
+        comm.Bcast(token, root=0)
+        out.append(int(token[0]))
+        if len(out) < new_tokens:
+            logits = _model.forward(local, mine, out[-1:], caches, reduce=reduce)
+    return out, prompt_logits, caches
+
+
+def load_weights(comm):
+    """-> (Config, weights) on every rank. Rank 0 finds SmolLM2's float32 copy (fetched and written once, as
+    kvlesson.llama.load does) and checks its checksums; the other ranks map the same files without checking again."""
+    folder = None
+    if comm.rank == 0:
+        gguf, digest = fetch.model_file()
+        folder = f32cache.folder_for(fetch.cache_dir(), gguf, digest)
+        if not folder.exists():
+            from kvlesson import llama
+
+            llama.load()  # writes the copy
+    folder = comm.comm.bcast(folder, root=0)
+    config, w, _, _ = f32cache.load(folder, verify=comm.rank == 0)
+    return config, w
+
+
+def program(comm, args):
+    """One run: load, check that the ranks agree, generate, and gather what each rank holds and sent."""
+    ids = [int(i) for i in args.ids.split(",")] if args.ids else []
+    new_tokens = validate.integer("--new-tokens", args.new_tokens)
+    cfg, w = load_weights(comm)
+    check(cfg, comm.size)
+    launch.agree(comm, "the prompt's token ids", ids)
+    launch.agree(comm, "the number of new tokens", new_tokens)
+    if not ids:
+        raise ValueError("--ids is empty: give the prompt's token ids, comma-separated")
+    start = time.perf_counter()
+    tokens, logits, caches = generate(comm, cfg, w, ids, new_tokens)
+    seconds = time.perf_counter() - start
+    q_heads, kv_heads = heads(cfg, comm.rank, comm.size)
+    mine = {"q_heads": list(q_heads), "kv_heads": list(kv_heads), "cache_bytes": sum(c.nbytes for c in caches),
+            "positions": len(ids) + new_tokens, "ledger": comm.ledger(), "seconds": seconds}
+    return {"tokens": tokens, "logits": logits, "P": comm.size, "ranks": comm.allgather(mine)}
+
+
+def arguments():
+    parser = argparse.ArgumentParser(description="SmolLM2, greedy, on P ranks by tensor parallelism")
+    parser.add_argument("--ids", default="", help="the prompt's token ids, comma-separated")
+    parser.add_argument("--new-tokens", type=int, default=8)
+    return parser
+
+
+if __name__ == "__main__":
+    launch.main(program, arguments())
