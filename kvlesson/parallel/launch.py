@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlesson import validate
+from kvlesson.weights import f32cache, fetch
 
 PROGRAMS = ("tensor", "ring", "disagg")  # the modules of kvlesson.parallel that run as ranks
 TIMEOUT = 120  # seconds a launch may take before the MPI and then this module end it; every lesson run takes a few
@@ -239,6 +240,22 @@ class Counted:
     def ledger(self):
         """{call: (calls, message bytes)} this rank made so far."""
         return {call: (self.calls[call], self.bytes[call]) for call in self.calls}
+
+
+def load_weights(comm):
+    """-> (Config, weights) on every rank. Rank 0 finds SmolLM2's float32 copy (fetched and written once, as
+    kvlesson.llama.load does) and checks its checksums; the other ranks map the same files without checking again."""
+    folder = None
+    if comm.rank == 0:
+        gguf, digest = fetch.model_file()
+        folder = f32cache.folder_for(fetch.cache_dir(), gguf, digest)
+        if not folder.exists():
+            from kvlesson import llama
+
+            llama.load()  # writes the copy
+    folder = comm.comm.bcast(folder, root=0)
+    config, w, _, _ = f32cache.load(folder, verify=comm.rank == 0)
+    return config, w
 
 
 def agree(comm, what, value):

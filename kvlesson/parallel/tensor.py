@@ -23,7 +23,6 @@ import numpy as np
 from kvlesson import model as _model
 from kvlesson import validate
 from kvlesson.parallel import launch
-from kvlesson.weights import f32cache, fetch
 
 
 def check(cfg, P):
@@ -110,27 +109,11 @@ def generate(comm, cfg, w, ids, new_tokens, reduce=None):
     return out, prompt_logits, caches
 
 
-def load_weights(comm):
-    """-> (Config, weights) on every rank. Rank 0 finds SmolLM2's float32 copy (fetched and written once, as
-    kvlesson.llama.load does) and checks its checksums; the other ranks map the same files without checking again."""
-    folder = None
-    if comm.rank == 0:
-        gguf, digest = fetch.model_file()
-        folder = f32cache.folder_for(fetch.cache_dir(), gguf, digest)
-        if not folder.exists():
-            from kvlesson import llama
-
-            llama.load()  # writes the copy
-    folder = comm.comm.bcast(folder, root=0)
-    config, w, _, _ = f32cache.load(folder, verify=comm.rank == 0)
-    return config, w
-
-
 def program(comm, args):
     """One run: load, check that the ranks agree, generate, and gather what each rank holds and sent."""
     ids = [int(i) for i in args.ids.split(",")] if args.ids else []
     new_tokens = validate.integer("--new-tokens", args.new_tokens)
-    cfg, w = load_weights(comm)
+    cfg, w = launch.load_weights(comm)
     check(cfg, comm.size)
     launch.agree(comm, "the prompt's token ids", ids)
     launch.agree(comm, "the number of new tokens", new_tokens)
