@@ -49,8 +49,10 @@ def ring_attention(comm, q, k, v, pos_q, held, *, mask="absolute"):
     """This rank's queries over every rank's keys -> (out [H, Tr, d], lse [H, Tr], scores computed at each step).
 
     q [H, Tr, d] at positions pos_q [Tr]; k, v [Hkv, Sr, d], this rank's block; held: every rank's positions, the
-    layout (each rank knows the others' sizes from it, so no block needs a header). A block no query of this rank can
-    see (every key after every query) is passed on unscored: that skip is where a contiguous layout's imbalance shows.
+    layout (each rank knows the others' sizes from it, so no block needs a header). Of each block only the rectangle
+    that some query can see is scored: the queries at or after its first key, against the keys at or before its last
+    query. A block wholly in this rank's future is passed on unscored; that is where a contiguous layout idles rank 0,
+    and zigzag's half-blocks are where it balances.
     """
     r, P = comm.rank, comm.size
     H, Tr, d = q.shape
@@ -63,12 +65,13 @@ def ring_attention(comm, q, k, v, pos_q, held, *, mask="absolute"):
     for s in range(P):
         src = (r - s) % P  # where the block in hand started
         pos_k = held[src] if mask == "absolute" else np.arange(len(held[src]))  # its own positions, or the bug's
-        scored = 0
-        if Tr and len(pos_k) and pos_k.min() <= pos_q.max():
-            part = partial_attention(q, block[0], block[1], pos_q, pos_k)
-            out, lse = merge_partials(np.stack([out, part[0]]), np.stack([lse, part[1]]))
-            scored = Tr * len(pos_k)
-        work.append(scored)
+        rows = pos_q >= (pos_k.min() if len(pos_k) else np.inf)  # [Tr] queries that see some key of the block
+        cols = pos_k <= (pos_q.max() if Tr else -1)  # keys that some query sees
+        if rows.any():  # score only that rectangle: the rest is masked for every query
+            part = partial_attention(q[:, rows], block[0][:, cols], block[1][:, cols], pos_q[rows], pos_k[cols])
+            out[:, rows], lse[:, rows] = merge_partials(np.stack([out[:, rows], part[0]]),
+                                                        np.stack([lse[:, rows], part[1]]))
+        work.append(int(rows.sum() * cols.sum()))  # scores computed at this step
         if s < P - 1:  # pass it on, take the next: the block that started on rank (r - s - 1) mod P
             incoming = np.empty((2, Hkv, len(held[(src - 1) % P]), d), block.dtype)
             comm.Sendrecv(block, dest=(r + 1) % P, recv=incoming, source=(r - 1) % P)
