@@ -30,9 +30,15 @@ from kvlesson.shrink.quant import dequantize, quantize
 PREFILL, DECODE = 0, 1  # the ranks' jobs
 
 
+def blocks_to_ship(pool, seq):
+    """-> [n] the physical blocks that hold the sequence's positions, in order: its whole table, the partly filled
+    last block included."""
+    return np.array(pool.block_table(seq), np.int64)
+
+
 def ship(comm, pool, seq, first_token):
     """Prefill side: send sequence `seq` of `pool` to the decode rank: header, block table, blocks."""
-    L, table = pool.length(seq), np.array(pool.block_table(seq), np.int64)  # [n]
+    L, table = pool.length(seq), blocks_to_ship(pool, seq)  # [n]
     blocks = np.ascontiguousarray(np.stack([pool.k[:, table], pool.v[:, table]]))  # [2, Hkv_all, n, bs, d], a copy
     comm.Send(np.array([L, len(table), first_token], np.int64), DECODE)
     comm.Send(table, DECODE)

@@ -22,6 +22,7 @@ What an MPI needs on a laptop, or as root in CI, is set here and nowhere else (`
 The same programs run across machines unchanged: `hosts=["node1", "node2"]` adds MPICH's -hosts (Open MPI's
 --host); each host needs the same Python environment and its own copy of the model cache.
 """
+import contextlib
 import functools
 import os
 import pickle
@@ -75,7 +76,8 @@ def launch(P, python_args, *, timeout=TIMEOUT, hosts=None):
     P = validate.integer("P", P, minimum=1)
     timeout = validate.positive("timeout", timeout)
     with tempfile.TemporaryDirectory(prefix="kvlesson-mpi-") as folder:
-        return execute(command(P, [sys.executable, *python_args, "--out", folder], timeout, hosts), folder, timeout)
+        argv = [sys.executable, *map(str, python_args), "--out", folder]
+        return execute(command(P, argv, timeout, hosts), folder, timeout)
 
 
 def execute(cmd, folder, timeout=TIMEOUT):
@@ -199,39 +201,44 @@ class Counted:
         from mpi4py import MPI
 
         self.comm, self.rank, self.size, self.SUM = comm, comm.rank, comm.size, MPI.SUM
-        self.calls, self.bytes = Counter(), Counter()
+        self.calls, self.bytes, self.seconds = Counter(), Counter(), Counter()
 
-    def _count(self, call, nbytes):
+    @contextlib.contextmanager
+    def _counted(self, call, nbytes):
+        """Count one call of `nbytes` and the seconds this rank spends in it (waiting for the others included)."""
+        start = time.perf_counter()
+        yield
         self.calls[call] += 1
         self.bytes[call] += int(nbytes)
+        self.seconds[call] += time.perf_counter() - start
 
     def Allreduce(self, send, recv):
         """recv = the sum of every rank's send (NCCL's all_reduce)."""
-        self._count("Allreduce", send.nbytes)
-        self.comm.Allreduce(send, recv, op=self.SUM)
+        with self._counted("Allreduce", send.nbytes):
+            self.comm.Allreduce(send, recv, op=self.SUM)
+
+    def Allgather(self, send, recv):
+        """recv [P, ...] = every rank's send, in rank order, on every rank (NCCL's all_gather)."""
+        with self._counted("Allgather", send.nbytes):
+            self.comm.Allgather(send, recv)
 
     def Sendrecv(self, send, dest, recv, source):
         """Send to `dest` and receive from `source` at once (a ring step: NCCL's send and recv in one group)."""
-        self._count("Sendrecv", send.nbytes)
-        self.comm.Sendrecv(send, dest=dest, recvbuf=recv, source=source)
+        with self._counted("Sendrecv", send.nbytes):
+            self.comm.Sendrecv(send, dest=dest, recvbuf=recv, source=source)
 
     def Send(self, buf, dest):
-        self._count("Send", buf.nbytes)
-        self.comm.Send(buf, dest=dest)
+        with self._counted("Send", buf.nbytes):
+            self.comm.Send(buf, dest=dest)
 
     def Recv(self, buf, source):
-        self.comm.Recv(buf, source=source)
-
-    def Bcast(self, buf, root=0):
-        """Every rank's buf = root's (NCCL's broadcast)."""
-        if self.rank == root:
-            self._count("Bcast", buf.nbytes)
-        self.comm.Bcast(buf, root=root)
+        with self._counted("Recv", 0):  # the bytes are the sender's; the wait is this rank's
+            self.comm.Recv(buf, source=source)
 
     def Gather(self, send, recv, root=0):
         """Root's recv = every rank's send, side by side in rank order (torch.distributed's gather)."""
-        self._count("Gather", send.nbytes)
-        self.comm.Gather(send, recv, root=root)
+        with self._counted("Gather", send.nbytes):
+            self.comm.Gather(send, recv, root=root)
 
     def allgather(self, value):
         """A small Python object from every rank -> [one per rank] (pickled: for shapes and checks, not arrays)."""
@@ -239,7 +246,7 @@ class Counted:
 
     def ledger(self):
         """{call: (calls, message bytes)} this rank made so far."""
-        return {call: (self.calls[call], self.bytes[call]) for call in self.calls}
+        return {call: (self.calls[call], self.bytes[call]) for call in self.calls if self.bytes[call]}
 
 
 def load_weights(comm):

@@ -7,10 +7,12 @@ Each rank holds a slice of every layer, as views of the full weights (no copy, a
     Wo [H*d, D]             the rows its heads' outputs multiply
     Wgate, Wup [D, hidden]  a slice of the columns (nearly equal slices: hidden need not divide by P);
     Wdown [hidden, D]       the same rows
-    the norms, the token table, the output head: whole on every rank
+    the output head [D, vocab]  a slice of the columns: each rank scores its own part of the vocabulary
+    the norms and the token table: whole on every rank
 A rank's attention output times its rows of Wo is one term of the full product, a sum over heads; so is its
 feed-forward output times its rows of Wdown, a sum over the hidden columns. kvlesson.model.forward's `reduce` sums each
-over the ranks with one all-reduce before it joins the residual: two all-reduces per layer, and nothing else moves.
+over the ranks with one all-reduce before it joins the residual: two all-reduces per layer. The head's slices need no
+sum: to pick the next token each rank offers its best (score, token) and one all-gather of those P pairs decides.
 
     mpiexec -n 3 python -m kvlesson.parallel.tensor --ids 1,2,3 --new-tokens 8
 """
@@ -74,8 +76,9 @@ def shard(cfg, w, rank, P):
                  b + "ffn_gate.weight": w[b + "ffn_gate.weight"][:, c],  # [D, its columns]
                  b + "ffn_up.weight": w[b + "ffn_up.weight"][:, c],
                  b + "ffn_down.weight": w[b + "ffn_down.weight"][c]}  # [its columns, D]
-    for name in ("token_embd.weight", "output_norm.weight", "output.weight"):
-        mine[name] = w[name]
+    words = columns(cfg.vocab, rank, P)
+    mine |= {"token_embd.weight": w["token_embd.weight"], "output_norm.weight": w["output_norm.weight"],
+             "output.weight": w["output.weight"][:, words.start : words.stop]}  # [D, its slice of the vocabulary]
     return dataclasses.replace(cfg, H=len(q_heads), Hkv=len(kv_heads), hidden=len(cols)), mine
 
 
@@ -89,24 +92,29 @@ def all_reduce(comm):
 
 
 def generate(comm, cfg, w, ids, new_tokens, reduce=None):
-    """Greedy decoding on P ranks -> (new token ids, the prompt's logits [T, vocab], this rank's caches).
-
-    Each rank runs the one forward pass on its shard; rank 0 picks each token and broadcasts it, so that every rank
-    feeds the same one even where float32 sums could tie differently on different ranks.
-    """
+    """Greedy decoding on P ranks -> (new token ids, this rank's slice of the prompt's logits [T, its vocabulary],
+    this rank's caches). Each rank runs the one forward pass on its shard."""
     local, mine = shard(cfg, w, comm.rank, comm.size)
     caches = _model.new_cache(_model.with_max_len(local, len(ids) + new_tokens))
     reduce = reduce or all_reduce(comm)
-    logits = _model.forward(local, mine, ids, caches, reduce=reduce)  # [T, vocab], whole on every rank
+    logits = _model.forward(local, mine, ids, caches, reduce=reduce)  # [T, this rank's slice of the vocabulary]
     prompt_logits, out = logits, []
-    token = np.zeros(1, np.int64)
-    for _ in range(new_tokens):
-        token[0] = np.argmax(logits[-1])
-        comm.Bcast(token, root=0)
-        out.append(int(token[0]))
+    while len(out) < new_tokens:
+        out.append(argmax(comm, logits[-1], columns(cfg.vocab, comm.rank, comm.size).start))
         if len(out) < new_tokens:
             logits = _model.forward(local, mine, out[-1:], caches, reduce=reduce)
     return out, prompt_logits, caches
+
+
+def argmax(comm, scores, first):
+    """The token with the highest score over every rank's slice of the vocabulary (this rank's starts at token
+    `first`), the same on every rank: each offers its best (score, token), one all-gather, the highest wins, the
+    lowest token on a tie, as np.argmax over the whole row would choose."""
+    i = int(np.argmax(scores))
+    offers = np.empty((comm.size, 2))  # [P, (score, token)]: float64 holds every float32 score and token id exactly
+    comm.Allgather(np.array([scores[i], first + i], np.float64), offers)
+    best = offers[:, 0].max()
+    return int(offers[offers[:, 0] == best, 1].min())
 
 
 def program(comm, args):
@@ -124,8 +132,12 @@ def program(comm, args):
     seconds = time.perf_counter() - start
     q_heads, kv_heads = heads(cfg, comm.rank, comm.size)
     mine = {"q_heads": list(q_heads), "kv_heads": list(kv_heads), "cache_bytes": sum(c.nbytes for c in caches),
-            "positions": len(ids) + new_tokens, "ledger": comm.ledger(), "seconds": seconds}
-    return {"tokens": tokens, "logits": logits, "P": comm.size, "ranks": comm.allgather(mine)}
+            "positions": len(ids) + new_tokens, "ledger": comm.ledger(), "seconds": seconds,
+            "waiting": dict(comm.seconds)}
+    ranks = comm.allgather(mine)
+    slices = comm.comm.gather(logits, root=0)  # the prompt's logits, to check them: not part of the method
+    whole = np.concatenate(slices, axis=-1) if comm.rank == 0 else None  # [T, vocab]
+    return {"tokens": tokens, "logits": whole, "P": comm.size, "ranks": ranks}
 
 
 def arguments():
