@@ -10,8 +10,8 @@ Rank 1, the decode rank, takes free blocks of its own pool for them (their numbe
 rewritten, the positions are not) and decodes from there; its tokens equal model.generate's. The last block is
 partly filled whenever block_size does not divide L, and it must travel too: the newest positions live in it.
 
-With --int8 the blocks also travel as lesson 11's 8-bit codes, one scale and one minimum per token and KV head, and
-rank 1 reports what they would have cost and how far they land from the float32 blocks.
+With --int8 rank 0 also prices the blocks as lesson 11's 8-bit codes, one scale and one minimum per token and KV head:
+their bytes, and whether every number comes back within half a step of its own scale.
 
     mpiexec -n 2 python -m kvlesson.parallel.disagg --ids 1,2,3 --new-tokens 8
 """
@@ -91,7 +91,8 @@ def program(comm, args):
         if args.int8:
             codes, scale, lo = int8_blocks(blocks)
             report["int8_bytes"] = codes.nbytes + scale.nbytes + lo.nbytes
-            report["int8_error"] = float(np.abs(dequantize(codes, scale, lo) - blocks).max())
+            error = np.abs(dequantize(codes, scale, lo) - blocks)  # [2, Hkv_all, n, bs, d]
+            report["int8_within_half_step"] = bool((error <= scale / 2 * (1 + 1e-6)).all())
     else:
         seq, token = receive(comm, pool)
         tokens = [token]
