@@ -34,6 +34,7 @@ the core and the leaves (validate, configs, text), never each other upwards; not
   serving/         paged (PagedKVCache), padding (padded batches), batch (continuous batching)
   shrink/          quant (integer codes), sinks (attention sinks), mla (a latent cache), precision (16-bit floats)
   costs/           memory (bytes), flops, roofline, perplexity (the ruler), tolerance (float32 drift)
+  parallel/        many processes through MPI: launch, tensor (parallelism by heads), ring (ring attention), disagg
   teaching/        verdict, checks (the exercises' checkers), widgets (explorers), drill (lesson 12), syllabus,
                    student (student copies)
 """
