@@ -71,3 +71,14 @@ def test_the_layouts_hand_out_every_position_once():
     assert [h.tolist() for h in ring.layout(8, 2, "zigzag")] == [[0, 1, 6, 7], [2, 3, 4, 5]]
     with pytest.raises(ValueError, match="layout must be one of"):
         ring.layout(8, 2, "striped")
+
+
+def test_one_rank_in_process_keeps_float32_and_equals_attention():
+    """ring_attention itself, on a one-rank communicator (no message at P = 1): float32 in, float32 out."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 5, 8), (2, 9, 8), (2, 9, 8)))
+    out, lse, work = ring.ring_attention(SimpleNamespace(rank=0, size=1), q, k, v, np.arange(4, 9), [np.arange(9)])
+    assert out.dtype == lse.dtype == np.float32 and work == [5 * 9]
+    np.testing.assert_allclose(out, attention(q, k, v), atol=1e-5)

@@ -143,3 +143,8 @@ def test_an_all_reduce_left_out_is_caught(model, tmp_path):
     ids = prompt(model)[:12]
     run = launch.launch(3, [str(mutant), "--ids", ",".join(map(str, ids)), "--new-tokens", 1])
     assert np.abs(run.result["logits"] - model.forward(ids)).max() > 1
+
+
+def test_two_ranks_for_nine_heads_are_refused_by_the_ranks_themselves(model):
+    with pytest.raises(ValueError, match=r"rank \d of 2: ValueError: P=2 ranks cannot share 9 query heads"):
+        launch.mpiexec(2, "tensor", "--ids", "1,2,3", "--new-tokens", 1, timeout=60)
