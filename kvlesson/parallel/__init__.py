@@ -11,5 +11,6 @@
 
 Each program module runs as `mpiexec -n P python -m kvlesson.parallel.<program> ...` and is proven equal to one
 process by tests/test_parallel_*.py. The arrows run one way: this sub-package imports the core (the one forward pass,
-attention, lesson 10's merge), the weights' loader and serving's paged pool; nothing imports it.
+attention, lesson 10's merge), the weights' loader, serving's paged pool and shrink's 8-bit codes; nothing but the
+lessons' checkers imports it.
 """
