@@ -19,7 +19,7 @@ import numpy as np
 from kvlesson.configs import MODELS
 from kvlesson.parallel import ring, tensor
 from kvlesson.teaching.checks.gqa import numeric_answers, numeric_verdict
-from kvlesson.teaching.verdict import Slip, as_array, checker, passed, reject, run
+from kvlesson.teaching.verdict import Slip, as_array, attempt, checker, passed, reject, run
 
 __all__ = ["check_kv_heads", "check_zigzag", "check_decode_bytes"]
 
@@ -111,9 +111,10 @@ def check_zigzag(fn):
     for S, P in _ZIGZAG_CASES:
         case = f"S={S} positions on P={P} ranks"
         got = run(fn, S, P, case=case)
-        if isinstance(got, (str, bytes, dict)) or not hasattr(got, "__len__") or len(got) != P:
+        n = attempt(len, got).value  # None for a thing without a length (a number, a 0-d array)
+        if isinstance(got, (str, bytes, dict, set)) or n != P:
             reject(f"for {case} your function returned {type(got).__name__}"
-                   f"{' of ' + str(len(got)) if hasattr(got, '__len__') else ''}; expected {P} lists, one per rank",
+                   f"{'' if n is None else f' of {n}'}; expected {P} lists, one per rank",
                    "return a list of P lists of positions: held[r] is what rank r holds")
         held = [_ints(h, f"{case}, rank {r}", "positions", "[0, 1, 6, 7]") for r, h in enumerate(got)]
         flat = sorted(p for h in held for p in h)
