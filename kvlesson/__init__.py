@@ -36,6 +36,7 @@ the core and the leaves (validate, configs, text), never each other upwards; not
                    batch (continuous batching), engine (the scheduler), trace (replaying requests)
   shrink/          quant (integer codes), sinks (attention sinks), mla (a latent cache), precision (16-bit floats)
   costs/           memory (bytes), flops, roofline, perplexity (the ruler), tolerance (float32 drift)
+  parallel/        many processes through MPI: launch, tensor (parallelism by heads), ring (ring attention), disagg
   teaching/        verdict, checks (the exercises' checkers), widgets (explorers), drill (lesson 12), syllabus,
                    student (student copies)
 """

@@ -124,9 +124,10 @@ def request(ids, max_new_tokens, vocab, max_len, *, name="ids", at_least=0):
     return ids, n
 
 
-def attention_inputs(q, k, v, window=None):
+def attention_inputs(q, k, v, window=None, *, offset=True):
     """-> (q, k, v, window), checked: q [H, T, d], k and v [Hkv, S, d] of one float dtype, H a multiple of Hkv,
-    T <= S, and a window that is None or a positive integer. Every attention in the package checks its inputs here."""
+    T <= S, and a window that is None or a positive integer. Every attention in the package checks its inputs here.
+    offset=False drops T <= S, for queries and keys whose positions are given apiece (online.partial_attention)."""
     q, k, v = floats("q", q), floats("k", k), floats("v", v)
     window = _window(window)
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
@@ -140,7 +141,7 @@ def attention_inputs(q, k, v, window=None):
         raise ValueError(f"the head dim d must be at least 1; got q {q.shape}")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"H={H} query heads must be a multiple of Hkv={Hkv} KV heads (q {q.shape}, k {k.shape})")
-    if T > S:
+    if offset and T > S:
         raise ValueError(f"more queries than keys: T={T} > S={S} (q {q.shape}, k {k.shape})")
     same_dtype(q=q, k=k, v=v)
     return q, k, v, window
