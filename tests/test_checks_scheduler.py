@@ -117,6 +117,42 @@ def test_block_key_checker_names_the_mistake(wrong, words):
     assert not verdict and words in repr(verdict), repr(verdict)
 
 
+def chained_over(ids, bs, block, salt=lambda ids: b""):
+    """sha256 chained over the bytes `block` makes of each block (and a salt made from the whole of ids)."""
+    keys, parent = [], salt(ids)
+    for i in range(len(ids) // bs):
+        parent = hashlib.sha256(parent + block(ids[i * bs : (i + 1) * bs])).digest()
+        keys.append(parent)
+    return keys
+
+
+def split_evenly(ids, bs):
+    """np.array_split: as many blocks as fit, but the tokens spread over all of them."""
+    keys, parent = [], b""
+    for part in np.array_split(np.asarray(ids, np.int64), len(ids) // bs) if len(ids) >= bs else []:
+        parent = hashlib.sha256(parent + part.tobytes()).digest()
+        keys.append(parent)
+    return keys
+
+
+# issue 29: each of these passed the checker, and each breaks prefix caching in the engine
+@pytest.mark.parametrize("wrong, words", [
+    (lambda ids, bs: chained_over(ids, bs, bytes), "bytes() of a list takes 0..255 only"),
+    (lambda ids, bs: chained_over(ids, bs, lambda b: np.asarray(b).astype(np.uint8).tobytes()),
+     "multiple of 2**8"),
+    (lambda ids, bs: chained_over(ids, bs, lambda b: np.asarray(b).astype(np.uint16).tobytes()),
+     "multiple of 2**16"),
+    (split_evenly, "np.array_split"),
+    (lambda ids, bs: chained_over(ids, bs, lambda b: np.asarray(b, np.int64).tobytes(),
+                                  salt=lambda ids: str(len(ids)).encode()), "not len(ids)"),
+    (lambda ids, bs: [hash(tuple(ids[max(0, len(ids) - (i + 1) * bs):])) for i in range(len(ids) // bs)][::-1],
+     "begin with the same two blocks"),  # blocks cut from the end
+])
+def test_block_key_checker_refuses_keys_that_break_in_the_engine(wrong, words):
+    verdict = check_block_hashes(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
 def test_a_chain_that_ignores_its_parent_is_told_why():
     verdict = check_block_hashes(own_tokens)
     assert "wrong text" in verdict.problem and "key of the block before" in verdict.hint

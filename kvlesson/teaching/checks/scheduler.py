@@ -24,10 +24,10 @@ _CHAIN_HINT = ("hash the key of the block before together with this block's toke
                "it), so that key i stands for every token from the start up to the end of block i")
 
 
-def _keys(fn, ids, bs, case):
+def _keys(fn, ids, bs, case, crash_hint=None):
     """The learner's keys for ids, as a list of hashable values, or a NOT YET."""
     given = list(ids)
-    got = run(fn, given, bs, case=case)
+    got = run(fn, given, bs, case=case, crash_hint=crash_hint)
     if given != list(ids):
         reject(f"for {case}: your function changed ids", "read the token ids; the engine keeps using them")
     if isinstance(got, np.ndarray) and got.ndim == 1:
@@ -58,6 +58,7 @@ def check_block_hashes(fn):
                     "wrong" if len(got) > want else "every full block gets a key, the last full one too: "
                     "len(ids) // block_size of them")
             reject(f"for {case}: you returned {len(got)} keys; expected {want}", hint)
+    _real_vocabulary(fn)
     if _keys(fn, A + B, 4, "the same ids twice") != _keys(fn, A + B, 4, "the same ids twice"):
         reject("the same ids gave different keys on two calls", "a key must be a function of the tokens only: no "
                                                                 "random salt, no counter, no object ids")
@@ -68,6 +69,12 @@ def check_block_hashes(fn):
     if same[2] == other[2]:
         reject("A + B + C and A + B + A differ in their third block, and got the same key for it",
                "the key of a block must change when the block's own tokens change")
+    longer = _keys(fn, A + B + [1, 2], 4, "A + B and two tokens more")[:2]
+    if _keys(fn, A + B, 4, "A + B") != longer or _keys(fn, A + B + C, 4, "A + B + C")[:2] != longer:
+        reject("A + B, A + B + [1, 2] and A + B + C begin with the same two blocks, and got different keys for them",
+               "block i is ids[i * block_size : (i + 1) * block_size] whatever the length of ids (np.array_split "
+               "cuts other blocks), and its key names those tokens and the ones before them, nothing else: not "
+               "len(ids), not the tokens after the block")
     if _keys(fn, C + B, 4, "C + B")[1] == _keys(fn, A + B, 4, "A + B")[1]:
         reject("A + B and C + B share their second block's tokens after different first blocks, and got the same "
                "key for it: a new request would reuse keys and values computed after the wrong prefix (wrong text)",
@@ -87,26 +94,49 @@ def check_block_hashes(fn):
                   "the same block after another prefix does not, partial blocks get none")
 
 
+# ids a real vocabulary reaches (SmolLM2's go to 49,151, Llama 3's to 128,255), each equal to 1 below 2**8 and 2**16:
+# a key over bytes narrower than the id (uint8, uint16, bytes(list)) cannot tell them apart
+WIDE = [1, 257, 65537, 128001]
+
+
+def _wide_hint(error):
+    if isinstance(error, (ValueError, OverflowError)):
+        return ("token ids are not bytes: they run up to the vocabulary's size (49,151 for SmolLM2), and bytes() of a "
+                "list takes 0..255 only. Convert with np.asarray(block, dtype=np.int64).tobytes(), or hash a tuple")
+    return None
+
+
+def _real_vocabulary(fn):
+    """Ids past 255 and past 65,535 must work and must keep their keys apart."""
+    case = "the block [49151, 300, 256, 5] (SmolLM2's ids reach 49,151)"
+    _keys(fn, [49151, 300, 256, 5], 4, case, crash_hint=_wide_hint)
+    keys = [_keys(fn, [t], 1, f"the one-token block [{t}]", crash_hint=_wide_hint)[0] for t in WIDE]
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        if keys[i] == keys[j]:
+            reject(f"the one-token blocks [{WIDE[i]}] and [{WIDE[j]}] got the same key",
+                   f"{WIDE[j]} - {WIDE[i]} = {WIDE[j] - WIDE[i]:,} is a multiple of 2**{8 if j == 1 else 16}: your key "
+                   "keeps only the low bytes of each id (uint8, uint16). Token ids reach 128,255 in Llama 3's "
+                   "vocabulary: convert with dtype=np.int64")
+
+
 def _every_prefix(fn, bs=2):
-    """Many random sequences over a tiny vocabulary, so that prefixes repeat: key i equal exactly when the first
-    (i + 1) * bs tokens are equal."""
+    """Many random sequences of every length over a few ids, small and wide, so that prefixes repeat: key i equal
+    exactly when the first (i + 1) * bs tokens are equal, whatever comes after them."""
     rng = np.random.default_rng(13)
-    owner = {}  # key -> the prefix it stood for
-    for n in range(60):
-        ids = rng.integers(0, 3, 3 * bs).tolist()
+    owner, key_of = {}, {}  # key -> the prefix it stood for; prefix -> its key
+    for n in range(100):
+        ids = rng.choice([0, 2, *WIDE], int(rng.integers(0, 4 * bs))).tolist()
         for i, key in enumerate(_keys(fn, ids, bs, f"random sequence {n + 1}, {ids}")):
             prefix = tuple(ids[: (i + 1) * bs])
             if owner.setdefault(key, prefix) != prefix:
                 reject(f"the prefixes {list(owner[key])} and {list(prefix)} got the same key",
-                       "different prefixes must get different keys; a weak mix (a sum, an xor, a small modulus) "
-                       "collides: use a real hash of the key before and the block's tokens, such as hashlib.sha256")
-    for n in range(20):  # and the same prefix always the same key
-        ids = rng.integers(0, 3, 3 * bs).tolist()
-        for i, key in enumerate(_keys(fn, ids, bs, f"random sequence {61 + n}")):
-            prefix = tuple(ids[: (i + 1) * bs])
-            if key in owner and owner[key] != prefix or key not in owner and prefix in owner.values():
-                reject(f"the prefix {list(prefix)} got two different keys in two sequences",
-                       "key i may depend on ids[: (i + 1) * block_size] only")
+                       "different prefixes must get different keys; a weak mix (a sum, an xor, a small modulus, ids "
+                       "cut to fewer bytes) collides: use a real hash of the key before and the block's tokens, "
+                       "such as hashlib.sha256 over int64 bytes")
+            if key_of.setdefault(prefix, key) != key:
+                reject(f"the prefix {list(prefix)} got two different keys in two sequences (the second {ids})",
+                       "key i may depend on ids[: (i + 1) * block_size] only: not on len(ids), not on the tokens "
+                       "after its block, and block i is ids[i * block_size : (i + 1) * block_size]")
 
 
 # ------------------------------------------------------------------------------------------------ the budget
