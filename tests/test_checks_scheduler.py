@@ -4,6 +4,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from kvlesson.serving import engine, paged
 from kvlesson.serving.engine import split_budget
 from kvlesson.serving.paged import block_hashes
 from kvlesson.teaching.checks import check_block_hashes, check_split_budget
@@ -39,7 +40,7 @@ def whole_prefix(ids, bs):
     return [hash(tuple(ids[: (i + 1) * bs])) for i in range(len(ids) // bs)]
 
 
-@pytest.mark.parametrize("right", [block_hashes, chained_tuples, chained_text, whole_prefix])
+@pytest.mark.parametrize("right", [chained_tuples, chained_text, whole_prefix])
 def test_block_key_checker_passes_any_chained_key(right):
     verdict = check_block_hashes(right)
     assert verdict, verdict
@@ -161,10 +162,31 @@ def test_a_chain_that_ignores_its_parent_is_told_why():
 # ---- the budget of one step
 
 
-def test_budget_checker_passes_the_reference_and_numpy_answers():
-    assert check_split_budget(split_budget)
-    assert check_split_budget(lambda d, p, b: np.array(split_budget(d, p, b), dtype=np.int64))
-    assert check_split_budget(lambda d, p, b: tuple(split_budget(d, p, b)))
+def split(decodes, prefills, budget):
+    """A right answer of the tests' own (an answer that calls kvlesson's split_budget is refused as delegation)."""
+    left, chunks = budget - decodes, []
+    for need in prefills:
+        chunks.append(min(need, left))
+        left -= chunks[-1]
+    return chunks
+
+
+def test_budget_checker_passes_right_answers_and_numpy_ones():
+    assert check_split_budget(split)
+    assert check_split_budget(lambda d, p, b: np.array(split(d, p, b), dtype=np.int64))
+    assert check_split_budget(lambda d, p, b: tuple(split(d, p, b)))
+
+
+@pytest.mark.parametrize("delegating, name", [
+    (split_budget, "engine.split_budget"), (lambda d, p, b: list(split_budget(d, p, b)), "engine.split_budget"),
+    (lambda d, p, b: engine.split_budget(d, p, b), "engine.split_budget"),
+    (block_hashes, "paged.block_hashes"), (lambda ids, bs: paged.block_hashes(ids, bs)[:], "paged.block_hashes"),
+])
+def test_an_answer_that_calls_kvlessons_own_function_is_told_so(delegating, name):
+    """issue 29: both exercises passed by calling the function the page imports."""
+    check = check_split_budget if "budget" in name else check_block_hashes
+    verdict = check(delegating)
+    assert not verdict and f"calls kvlesson's {name}" in verdict.problem, repr(verdict)
 
 
 def even(d, p, b):
@@ -193,14 +215,14 @@ def negative(d, p, b):
 
 
 @pytest.mark.parametrize("wrong, words", [
-    (lambda d, p, b: split_budget(0, p, b), "as if the decodes cost nothing"),
+    (lambda d, p, b: split(0, p, b), "as if the decodes cost nothing"),
     (each_alone, "together they overspend it"),
     (no_cap, "larger than what its prefill still needs"),
     (even, "split evenly"),
-    (lambda d, p, b: split_budget(d, p[::-1], b)[::-1], "the last prefill is served first"),
-    (lambda d, p, b: split_budget(min(d + 1, b), p, b), "one token of the budget is never used"),
-    (lambda d, p, b: [x / 1 for x in split_budget(d, p, b)], "not a whole number"),
-    (lambda d, p, b: split_budget(d, p, b) + [0], "chunks for"),
+    (lambda d, p, b: split(d, p[::-1], b)[::-1], "the last prefill is served first"),
+    (lambda d, p, b: split(min(d + 1, b), p, b), "one token of the budget is never used"),
+    (lambda d, p, b: [x / 1 for x in split(d, p, b)], "not a whole number"),
+    (lambda d, p, b: split(d, p, b) + [0], "chunks for"),
     (negative, "negative chunk"),
     (lambda d, p, b: [min(x, 3) for x in p], "expected [10, 3, 0]"),
     (lambda d, p, b: {"chunks": p}, "returned dict"),

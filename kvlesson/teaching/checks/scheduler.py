@@ -11,6 +11,7 @@ import numpy as np
 
 from kvlesson.serving.engine import split_budget
 from kvlesson.serving.paged import block_hashes
+from kvlesson.teaching.checks.delegation import refuse_delegation
 from kvlesson.teaching.verdict import Slip, checker, first_slip, passed, reject, reject_slip, run
 
 __all__ = ["check_block_hashes", "check_split_budget"]
@@ -48,6 +49,7 @@ def _keys(fn, ids, bs, case, crash_hint=None):
 def check_block_hashes(fn):
     """fn(ids, block_size) -> [key of each full block]: key i must be equal for two sequences exactly when their first
     (i + 1) * block_size token ids are equal. Any hash will do (kvlesson's chains sha256 over the key before)."""
+    refuse_delegation(fn, block_hashes, "paged.block_hashes")
     for case, ids, bs, want in [("three full blocks and two tokens more (block_size 4)", A + B + C + [1, 2], 4, 3),
                                 ("one full block (block_size 4)", A, 4, 1),
                                 ("three tokens, less than a block (block_size 4)", A[:3], 4, 0),
@@ -194,6 +196,7 @@ _BUDGET_SLIPS = [
 def check_split_budget(fn):
     """fn(decodes, prefills, budget) -> [chunk for each prefill]: the decodes' tokens first, one each; then what is
     left to the prefills in order, each taking what it still needs or what is left, whichever is less."""
+    refuse_delegation(fn, split_budget, "engine.split_budget")
     for case, decodes, prefills, budget in _BUDGET_CASES:
         want = split_budget(decodes, prefills, budget)
         got = run(fn, decodes, list(prefills), budget, case=case)
