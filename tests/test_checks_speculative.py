@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from kvlesson import causal_mask, sdpa, tree_mask
+from kvlesson import causal_mask, sdpa, speculative, tree_mask
 from kvlesson.serving.paged import PagedKVCache
 from kvlesson.speculative import accept
 from kvlesson.teaching.checks import check_accept, check_paged_truncate, check_tree_mask
@@ -117,6 +117,16 @@ def test_a_tree_mask_wrong_only_on_a_later_tree_is_caught_there():
 # ------------------------------------------------------------------------------------------------ accept
 
 
+def rule(p, q, tokens, rng):
+    """The accept rule, written here from its description (an answer that calls kvlesson's accept is delegation)."""
+    for i, x in enumerate(tokens):
+        if rng.random() < p[i, x] / q[i, x]:
+            continue
+        r = np.maximum(p[i] - q[i], 0)
+        return list(tokens[:i]) + [int(rng.choice(len(r), p=r / r.sum() if r.sum() > 0 else p[i]))]
+    return list(tokens) + [int(rng.choice(p.shape[1], p=p[len(tokens)]))]
+
+
 def accept_with_choice(p, q, tokens, rng):
     """Right, but drawing its randomness another way (rng.choice, and one uniform per draft up front)."""
     u = rng.random(len(tokens))
@@ -128,13 +138,20 @@ def accept_with_choice(p, q, tokens, rng):
 
 
 def test_accept_checker_passes_right_answers():
-    assert check_accept(accept)
+    assert check_accept(rule)
     assert check_accept(accept_with_choice)
-    assert check_accept(lambda p, q, t, rng: np.array(accept(p, q, t, rng)))  # an array of ids will do
+    assert check_accept(lambda p, q, t, rng: np.array(rule(p, q, t, rng)))  # an array of ids will do
+
+
+@pytest.mark.parametrize("delegating", [accept, lambda p, q, t, rng: accept(p, q, t, rng),
+                                        lambda p, q, t, rng: list(speculative.accept(p, q, t, rng))])
+def test_an_accept_that_calls_kvlessons_is_told_so(delegating):
+    verdict = check_accept(delegating)
+    assert not verdict and "calls kvlesson's speculative.accept" in verdict.problem, repr(verdict)
 
 
 def no_bonus(p, q, tokens, rng):
-    out = accept(p, q, tokens, rng)
+    out = rule(p, q, tokens, rng)
     return out[:-1] if len(out) == len(tokens) + 1 else out
 
 
@@ -163,7 +180,7 @@ def residual_not_clipped(p, q, tokens, rng):
     (greedy_only, "a draft the target likes exactly as much as the drafter is always kept"),
     (residual_not_clipped, "your first emitted token came out with frequencies"),
     (lambda p, q, t, rng: list(t), "emitted [2, 0, 1]; it should emit [2, 4]"),
-    (lambda p, q, t, rng: accept(p, q, t, rng) if t else [], "emitted 0 tokens; a round emits between 1 and k + 1 = 1"),
+    (lambda p, q, t, rng: rule(p, q, t, rng) if t else [], "emitted 0 tokens; a round emits between 1 and k + 1 = 1"),
     (lambda p, q, t, rng: [int(np.argmax(p[0]))] * (len(t) + 2), "a round emits between 1 and k + 1"),
     (lambda p, q, t, rng: [9], "outside the vocabulary of 5"),
     (lambda p, q, t, rng: [[1, 2]], "expected a list of token ids"),
@@ -175,7 +192,7 @@ def test_accept_checker_names_the_mistake(wrong, words):
 
 
 def argmax_bonus(p, q, tokens, rng):
-    out = accept(p, q, tokens, rng)
+    out = rule(p, q, tokens, rng)
     return out[:-1] + [int(np.argmax(p[len(tokens)]))] if len(out) == len(tokens) + 1 else out
 
 
@@ -221,7 +238,7 @@ def test_the_accept_checker_refuses_a_right_rule_only_as_often_as_it_says():
     probability 3e-4). Right rules fed five other streams of random numbers all pass."""
     for seed in range(5):
         rng = np.random.default_rng(seed)
-        assert check_accept(lambda p, q, t, _, rng=rng: accept(p, q, t, rng))
+        assert check_accept(lambda p, q, t, _, rng=rng: rule(p, q, t, rng))
 
 
 # ------------------------------------------------------------------------------------------------ paged truncate
