@@ -1,13 +1,20 @@
 """The lesson 13 checkers pass kvlesson's answers and other right ones, and name each typical mistake."""
 import hashlib
+import math
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from kvlesson import Engine, llama
+from kvlesson import model as kvmodel
 from kvlesson.serving import engine, paged
 from kvlesson.serving.engine import split_budget
 from kvlesson.serving.paged import block_hashes
-from kvlesson.teaching.checks import check_block_hashes, check_split_budget
+from kvlesson.teaching.checks import check_block_hashes, check_blocks_to_start, check_preemption, check_split_budget
+from kvlesson.teaching.checks import scheduler as checks_scheduler
+from kvlesson.teaching.checks.scheduler import blocks_to_start, preempted
 
 
 def todo(*args, **kwargs):
@@ -231,3 +238,110 @@ def negative(d, p, b):
 def test_budget_checker_names_the_mistake(wrong, words):
     verdict = check_split_budget(wrong)
     assert not verdict and words in repr(verdict), repr(verdict)
+
+
+# ---- blocks to start: admission on current need, with a prefix cache
+
+
+def start_cost(P, cached, bs, idle):
+    """Worked out from the lesson's words: the prompt's blocks, less the shared cached ones, plus one copy when the
+    whole prompt is cached (its last token still runs, into a shared block)."""
+    return math.ceil(P / bs) - (0 if idle else cached) + (cached * bs == P and not idle)
+
+
+def test_blocks_to_start_checker_passes_a_right_answer():
+    assert check_blocks_to_start(start_cost)
+    assert check_blocks_to_start(lambda P, c, bs, idle: np.int64(start_cost(P, c, bs, idle)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(P=st.integers(1, 70), bs=st.integers(1, 9), idle=st.booleans(), data=st.data())
+def test_the_lessons_formula_is_what_the_pool_takes(P, bs, idle, data):
+    """The reference asks a real pool (cached_cost, what the Engine admits by); the formula the lesson derives agrees
+    with it on every prompt, block size and cached prefix."""
+    cached = data.draw(st.integers(0, P // bs))
+    assert start_cost(P, cached, bs, idle) == blocks_to_start(P, cached, bs, idle)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda P, c, bs, idle: math.ceil(P / bs) - (0 if idle else c), "copies the block first"),
+    (lambda P, c, bs, idle: math.ceil(P / bs), "they cost nothing"),
+    (lambda P, c, bs, idle: math.ceil(P / bs) - c + (c * bs == P), "costs one, like a fresh block"),
+    (lambda P, c, bs, idle: P // bs - (0 if idle else c) + (c * bs == P and not idle), "ceil(P / block_size)"),
+    (lambda P, c, bs, idle: math.ceil(P / bs) + 1, "not room for the answer"),
+    (lambda P, c, bs, idle: start_cost(P, c, bs, idle) + 0.5, "whole number"),
+    (lambda P, c, bs, idle: str(start_cost(P, c, bs, idle)), "text that spells a number"),
+    (lambda P, c, bs, idle: None, "expected a number"),
+    (lambda P, c, bs, idle: blocks_to_start(P, c, bs, idle), "calls kvlesson's"),
+    (todo, "NotImplementedError"),
+])
+def test_blocks_to_start_checker_names_the_mistake(wrong, words):
+    verdict = check_blocks_to_start(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+# ---- preemption: who goes, when a decode needs a block
+
+
+def victims(lengths, free, bs):
+    """Written from the lesson's words, another way: a set of running sequences, the newest evicted first."""
+    alive, out, spent = set(range(len(lengths))), [], 0
+    for i, n in enumerate(lengths):
+        if i in alive and n % bs == 0:
+            while i in alive and free - spent < 1:
+                newest = max(alive)
+                alive.discard(newest)
+                out.append(newest)
+                free += -(-lengths[newest] // bs)
+            spent += i in alive
+    return out
+
+
+def test_preemption_checker_passes_a_right_answer():
+    assert check_preemption(victims)
+    assert check_preemption(lambda n, f, bs: np.array(victims(n, f, bs), dtype=np.int64))
+
+
+@settings(max_examples=25, deadline=None)
+@given(prompts=st.lists(st.integers(1, 12), min_size=1, max_size=5), bs=st.sampled_from([2, 4]),
+       spare=st.integers(0, 2))
+def test_the_reference_victims_are_the_engines(prompts, bs, spare):
+    """Engine, tiny model, no prefix caching: every prompt prefilled in one step with `spare` blocks left, then the
+    next step's decodes; the requests it preempts are the reference's victims."""
+    cfg = kvmodel.tiny_config(n_layers=1, D=8, H=2, Hkv=1, d=4, hidden=8, vocab=32, max_len=64)
+    tiny = llama.Model(cfg, kvmodel.random_weights(cfg, seed=1), tokenizer=None)
+    held = sum(-(-p // bs) for p in prompts)
+    assume(all(-(-(p + 1) // bs) <= held + spare for p in prompts))  # each fits the pool alone (submit checks)
+    eng = Engine(tiny, held + spare, bs, max_batch_tokens=256, prefix_caching=False)
+    for p in prompts:
+        eng.submit(list(range(1, p + 1)), 2)
+    eng.step()
+    assert len(eng.running) == len(prompts)  # all admitted, each now decoding at length = its prompt
+    eng.step()
+    assert eng.log[-1]["preempted"] == preempted(prompts, spare, bs) == victims(prompts, spare, bs)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda n, f, bs: [i for i, L in enumerate(n) if L % bs == 0][: max(0, sum(L % bs == 0 for L in n) - f)],
+     "is not the victim unless it is the newest"),
+    (lambda n, f, bs: victims([L - 1 for L in n], f, bs), "you preempted"),
+    (lambda n, f, bs: victims(n, f, bs)[:1], "you preempted"),
+    (lambda n, f, bs: victims(n, f, bs)[::-1] if len(victims(n, f, bs)) > 1 else victims(n, f, bs) + [0],
+     "you preempted"),
+    (lambda n, f, bs: {"victims": []}, "expected a list of sequence indices"),
+    (lambda n, f, bs: [0.0], "expected a list of sequence indices"),
+    (lambda n, f, bs: preempted(n, f, bs), "calls kvlesson's"),
+    (todo, "NotImplementedError"),
+])
+def test_preemption_checker_names_the_mistake(wrong, words):
+    verdict = check_preemption(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+def test_each_preemption_slip_is_told_its_own_hint():
+    for slip in checks_scheduler._PREEMPT_SLIPS:
+        verdict = check_preemption(slip.wrong)
+        assert not verdict and verdict.hint == slip.hint, (slip.name, repr(verdict))
+    for slip in checks_scheduler._START_SLIPS:
+        verdict = check_blocks_to_start(slip.wrong)
+        assert not verdict and verdict.hint == slip.hint, (slip.name, repr(verdict))

@@ -10,8 +10,15 @@ import pytest
 
 from kvlesson import causal_mask, sdpa, speculative, tree_mask
 from kvlesson.serving.paged import PagedKVCache
-from kvlesson.speculative import accept
-from kvlesson.teaching.checks import check_accept, check_paged_truncate, check_tree_mask
+from kvlesson.speculative import accept, walk
+from kvlesson.teaching.checks import (
+    check_accept,
+    check_paged_truncate,
+    check_tokens_per_pass,
+    check_tree_mask,
+    check_tree_walk,
+)
+from kvlesson.teaching.checks import speculative as spec_checks
 from kvlesson.teaching.checks.speculative import _P as ACCEPT_P
 from kvlesson.teaching.checks.speculative import ACCEPT_SLIPS
 
@@ -291,22 +298,10 @@ class TableOnly(PagedKVCache):
         keep_blocks(self, seq, n, math.ceil(n / self.block_size), length=False)
 
 
-class NoCheck(PagedKVCache):
-    def truncate(self, seq, n):
-        table = self._table(seq)
-        keep = math.ceil(n / self.block_size)
-        for block in table[keep:]:
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                self._free.append(block)
-        del table[keep:]
-        self._lens[seq] = n
-
-
-def right_truncate(self, seq, n):
+def right_truncate(self, seq, n, check=True):
     """A right answer written from the exercise's words: published blocks nobody uses stay cached."""
     table = self._table(seq)
-    if not 0 <= n <= self._lens[seq]:
+    if check and not 0 <= n <= self._lens[seq]:
         raise ValueError(f"truncate(n={n}): sequence {seq} holds {self._lens[seq]} positions")
     keep = -(-n // self.block_size)
     for block in table[keep:]:
@@ -323,6 +318,11 @@ def right_truncate(self, seq, n):
 
 class Mine(PagedKVCache):
     truncate = right_truncate
+
+
+class NoCheck(PagedKVCache):
+    def truncate(self, seq, n):
+        right_truncate(self, seq, n, check=False)
 
 
 class ChecksLate(PagedKVCache):
@@ -391,4 +391,70 @@ def test_paged_truncate_checker_refuses_what_breaks_the_prefix_cache(wrong, word
 ])
 def test_paged_truncate_checker_names_the_mistake(wrong, words):
     verdict = check_paged_truncate(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+# ------------------------------------------------------------------------------------------------ tokens per pass
+
+
+def expected_tokens(alpha, k):
+    """Written from the derivation: the sum of alpha^j for j = 0..k."""
+    return sum(alpha**j for j in range(k + 1))
+
+
+def test_tokens_per_pass_checker_passes_right_answers():
+    assert check_tokens_per_pass(expected_tokens)
+    assert check_tokens_per_pass(lambda a, k: k + 1 if a == 1 else (1 - a ** (k + 1)) / (1 - a))
+    assert check_tokens_per_pass(lambda a, k: np.float64(expected_tokens(a, k)))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda a, k: 1 + k * a, "draft j is emitted with probability alpha^j"),
+    (lambda a, k: expected_tokens(a, k) - 1, "the sum starts at 1"),
+    (lambda a, k: expected_tokens(a, k) - 1 + a**k, "comes out in every round"),
+    (lambda a, k: 1 / (1 - a) if a < 1 else k + 1, "limit for k -> infinity"),
+    (lambda a, k: 1 / (1 - a) if a < 1 else math.inf, "treat alpha = 1 on its own"),
+    (lambda a, k: np.float64(1 - a ** (k + 1)) / np.float64(1 - a), "treat alpha = 1 on its own"),
+    (lambda a, k: expected_tokens(a, k - 1) if k else 1.0, "from alpha^0 to alpha^k"),
+    (lambda a, k: (1 - a ** (k + 1)) / (1 - a), "treat alpha = 1 on its own"),  # 0 / 0 at alpha = 1
+    (lambda a, k: (k + 1) * a, "you said"),
+    (lambda a, k: "1.5", "text that spells a number"),
+    (lambda a, k: [1.0], "expected a number"),
+    (spec_checks.tokens_per_pass, "calls kvlesson's"),
+])
+def test_tokens_per_pass_checker_names_the_mistake(wrong, words):
+    verdict = check_tokens_per_pass(wrong)
+    assert not verdict and words in repr(verdict), repr(verdict)
+
+
+# ------------------------------------------------------------------------------------------------ the tree walk
+
+
+def my_walk(wants, tokens, parents):
+    """Written from the exercise's words."""
+    path = [0]
+    while True:
+        kids = [i for i, p in enumerate(parents) if p == path[-1] and tokens[i] == wants[path[-1]]]
+        if not kids:
+            return path, [tokens[i] for i in path[1:]] + [wants[path[-1]]]
+        path.append(kids[0])
+
+
+def test_tree_walk_checker_passes_right_answers():
+    assert check_tree_walk(my_walk)
+    assert check_tree_walk(lambda w, t, p: tuple(np.array(x) for x in my_walk(w, t, p)))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (spec_checks._first_child_only, "look at every child of the last kept node"),
+    (spec_checks._own_row, "not wants[child]"),
+    (lambda w, t, p: (my_walk(w, t, p)[0], my_walk(w, t, p)[1][:-1]), "ends with the model's own token"),
+    (lambda w, t, p: (my_walk(w, t, p)[0][1:], my_walk(w, t, p)[1]), "you returned path"),
+    (lambda w, t, p: my_walk(w, t, p)[0], "expected (path, emitted)"),
+    (lambda w, t, p: (["a"], [1]), "lists of whole numbers"),
+    (lambda w, t, p: walk(np.eye(10)[w], t, p), "calls kvlesson's speculative.walk"),
+    (lambda w, t, p: None, "expected (path, emitted)"),
+])
+def test_tree_walk_checker_names_the_mistake(wrong, words):
+    verdict = check_tree_walk(wrong)
     assert not verdict and words in repr(verdict), repr(verdict)

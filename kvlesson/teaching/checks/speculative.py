@@ -22,12 +22,24 @@ import numpy as np
 
 from kvlesson.sdpa import tree_depths, tree_mask
 from kvlesson.serving.paged import PagedKVCache
-from kvlesson.speculative import accept
+from kvlesson.speculative import accept, walk
 from kvlesson.teaching.checks.delegation import refuse_delegation
 from kvlesson.teaching.checks.mask import slip_for_all
-from kvlesson.teaching.verdict import Slip, as_array, attempt, attribute, checker, passed, reject, run
+from kvlesson.teaching.checks.scheduler import slip_for_answers
+from kvlesson.teaching.verdict import (
+    Slip,
+    as_array,
+    as_number,
+    attempt,
+    attribute,
+    checker,
+    first_slip,
+    passed,
+    reject,
+    run,
+)
 
-__all__ = ["check_tree_mask", "check_accept", "check_paged_truncate"]
+__all__ = ["check_tree_mask", "check_accept", "check_paged_truncate", "check_tokens_per_pass", "check_tree_walk"]
 
 ALPHA = 1e-4  # significance of the checker's chi-square tests: a right rule is refused this rarely
 TRIALS = 4000  # seeded trials per statistical case: enough for every slip below to fail by far (tested)
@@ -485,7 +497,162 @@ def _compare_pools(yours, ours, seqs, case, block_size):
                    "with no user (self._idle, when the prefix cache registered it: block in self._key_of)")
 
 
+# ------------------------------------------------------------------------------------------------ tokens per pass
+
+
+def tokens_per_pass(alpha, k):
+    """Expected tokens a round emits when each of its k drafts is accepted with probability alpha, independently
+    of the others, until the first rejection: 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)."""
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+_PASS_CASES = [(a, k) for a in (0.0, 0.25, 0.5, 0.8, 1.0) for k in (0, 1, 3, 7)]
+
+_PASS_SLIPS = [
+    Slip("independent drafts", lambda a, k: 1 + k * a, "",
+         "a draft counts only if every draft before it was accepted: the round stops at the first rejection, so "
+         "draft j is emitted with probability alpha^j, not alpha"),
+    Slip("no bonus", lambda a, k: tokens_per_pass(a, k) - 1, "",
+         "every round also emits one token of the target's own, after the accepted drafts: the sum starts at 1"),
+    Slip("bonus only when all accepted", lambda a, k: tokens_per_pass(a, k) - 1 + a ** k, "",
+         "the target's own token comes out in every round: after the first rejection it is the residual's sample "
+         "(greedy: the target's argmax), and after k acceptances a sample of the last row"),
+    Slip("k infinite", lambda a, k: 1 / (1 - a) if a < 1 else math.inf, "",
+         "that is the limit for k -> infinity: a round drafts only k tokens, so the sum stops at alpha^k"),
+    Slip("one power short", lambda a, k: tokens_per_pass(a, k - 1) if k else 1.0, "",
+         "with k drafts the round emits up to k + 1 tokens: the sum runs from alpha^0 to alpha^k"),
+]
+
+
+# the slips' answers rounded as the learner's are, so that equal means equal to 9 digits
+_PASS_SLIPS_ROUNDED = [Slip(sl.name, lambda a, k, f=sl.wrong: round(f(a, k), 9), sl.problem, sl.hint)
+                       for sl in _PASS_SLIPS]
+
+
+def _alpha_one(error):
+    if isinstance(error, ZeroDivisionError):
+        return ("at alpha = 1 every draft is accepted, and the round emits all k + 1 tokens; the closed form "
+                "(1 - alpha^(k + 1)) / (1 - alpha) divides 0 by 0 there, so treat alpha = 1 on its own (or sum the "
+                "powers)")
+    return None
+
+
+@checker
+def check_tokens_per_pass(fn):
+    """fn(alpha, k) -> the expected tokens one round of k drafts emits, each draft accepted with probability alpha,
+    independently, until the first rejection; the target adds one token of its own to every round."""
+    refuse_delegation(fn, tokens_per_pass, "the formula's reference")
+    answers = []
+    for alpha, k in _PASS_CASES:
+        case = f"alpha = {alpha:g}, k = {k}"
+        raw = run(fn, alpha, k, case=case, crash_hint=_alpha_one)
+        if alpha == 1 and isinstance(raw, (float, np.floating)) and not math.isfinite(raw):
+            reject(f"for {case} you said {raw}; a round emits {k + 1} tokens", _alpha_one(ZeroDivisionError()))
+        got = as_number(raw, case)
+        answers.append((case, (alpha, k), round(got, 9)))
+    for case, (alpha, k), got in answers:
+        want = tokens_per_pass(alpha, k)
+        if not math.isclose(got, want, rel_tol=1e-8, abs_tol=1e-9):
+            slip = slip_for_answers([(c, a, g) for c, a, g in answers], (alpha, k), got, _PASS_SLIPS_ROUNDED)
+            reject(f"for {case} you said {got:.6g}; a round emits {want:.6g} tokens on average",
+                   slip.hint if slip else "token j of the round (j = 0 is the target's own when it comes first) is "
+                                          "emitted when the j drafts before it were all accepted: sum alpha^j for "
+                                          "j = 0..k")
+    return passed(f"on {len(_PASS_CASES)} pairs of alpha and k your count is 1 + alpha + ... + alpha^k, "
+                  "(1 - alpha^(k + 1)) / (1 - alpha), and k + 1 when every draft is accepted")
+
+
+# ------------------------------------------------------------------------------------------------ the tree walk
+
+_WALK_CASES = [  # (what, parents, tokens, wants: the model's token after each node)
+    ("the lesson's tree, the first branch right twice", [-1, 0, 0, 1, 2], [7, 3, 5, 9, 2], [3, 9, 2, 4, 6]),
+    ("the lesson's tree, the second branch right once", [-1, 0, 0, 1, 2], [7, 3, 5, 9, 2], [5, 9, 8, 4, 6]),
+    ("the lesson's tree, no branch right", [-1, 0, 0, 1, 2], [7, 3, 5, 9, 2], [1, 9, 2, 4, 6]),
+    ("a chain of 5, right up to node 3", [-1, 0, 1, 2, 3], [4, 4, 4, 4, 4], [4, 4, 4, 1, 4]),
+    ("a chain, every draft right", [-1, 0, 1, 2], [1, 2, 3, 4], [2, 3, 4, 5]),
+    ("three guesses at depth 1, the last right, then a fork", [-1, 0, 0, 0, 3, 3], [0, 1, 2, 3, 4, 5],
+     [3, 0, 0, 5, 0, 8]),
+    ("a node alone (no drafts)", [-1], [6], [2]),
+    ("two guesses at depth 1, the later one right", [-1, 0, 1, 0, 3], [8, 5, 2, 1, 3], [1, 3, 0, 3, 9]),
+]
+
+
+def _one_hot_rows(wants, V=10):
+    rows = np.zeros((len(wants), V), np.float32)  # [T, V]
+    rows[np.arange(len(wants)), wants] = 1.0
+    return rows
+
+
+def _first_child_only(wants, tokens, parents):
+    path, emitted = [0], []
+    while True:
+        emitted.append(wants[path[-1]])
+        child = next((i for i, p in enumerate(parents) if p == path[-1]), None)
+        if child is None or tokens[child] != wants[path[-1]]:
+            return path, emitted
+        path.append(child)
+
+
+def _own_row(wants, tokens, parents):
+    path, emitted = [0], []
+    while True:
+        child = next((i for i, p in enumerate(parents) if p == path[-1] and tokens[i] == wants[i]), None)
+        emitted.append(wants[path[-1]])
+        if child is None:
+            return path, emitted
+        path.append(child)
+
+
+def _no_last_token(wants, tokens, parents):
+    path, emitted = walk(_one_hot_rows(wants), tokens, parents)
+    return path, emitted[:-1]
+
+
+_WALK_SLIPS = [
+    Slip("first child only", _first_child_only, "",
+         "a node may have several children, one guess each: look at every child of the last kept node, and keep the "
+         "one whose token is what the model wants after that node"),
+    Slip("the child's own row", _own_row, "",
+         "row i of the logits says what the model writes AFTER node i: a child is right when its token is "
+         "wants[parent], the row of the node before it, not wants[child]"),
+    Slip("no token of the model's", _no_last_token, "",
+         "a round always ends with the model's own token after the last kept node (wants[path[-1]]), as a chain's "
+         "round ends with the token after its accepted drafts"),
+]
+
+
+@checker
+def check_tree_walk(fn):
+    """fn(wants, tokens, parents) -> (path, emitted): from node 0 (the pending token) follow the child whose token is
+    the model's choice after its parent (wants[parent]) while there is one; path: the kept nodes, node 0 first;
+    emitted: the kept children's tokens, then the model's own token after the last kept node."""
+    refuse_delegation(fn, walk, "speculative.walk")
+    for case, parents, tokens, wants in _WALK_CASES:
+        got = run(fn, list(wants), list(tokens), list(parents), case=case)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            reject(f"for {case} you returned {got!r:.60}; expected (path, emitted)",
+                   "return two lists: the nodes kept (node 0 first), and the tokens that come out")
+        try:
+            mine = tuple([int(x) for x in part] for part in got)
+        except (TypeError, ValueError):
+            reject(f"for {case} you returned {got!r:.60}; path and emitted must be lists of whole numbers",
+                   "node indices for path, token ids for emitted")
+        want = walk(_one_hot_rows(wants), tokens, parents)
+        if mine == want:
+            continue
+        slip = first_slip(mine, _WALK_SLIPS, (list(wants), list(tokens), list(parents)),
+                          same=lambda g, w: g == tuple(w))
+        reject(f"for {case} (parents {parents}, tokens {tokens}, the model wants {wants}) you returned path "
+               f"{mine[0]}, emitted {mine[1]}; expected path {want[0]}, emitted {want[1]}",
+               slip.hint if slip else "start at node 0; while a child of the last kept node has the token "
+                                      "wants[last], keep it; emit the kept children's tokens, then wants[last]")
+    return passed(f"on {len(_WALK_CASES)} trees your walk keeps the branch the model agrees with, and ends with its "
+                  "own token after the last kept node")
+
+
 # what later cells fall back on (checks.yours_or_ours) while an exercise is unsolved
 check_tree_mask.reference = tree_mask
 check_accept.reference = accept
 check_paged_truncate.reference = PagedKVCache
+check_tokens_per_pass.reference = tokens_per_pass
+check_tree_walk.reference = lambda wants, tokens, parents: walk(_one_hot_rows(wants, max(wants) + 1), tokens, parents)
