@@ -374,7 +374,7 @@ def homework(sessions, found):
             elif block.kind == "demo":
                 done.setdefault(block.what, 0)
     items = []
-    for name in PART_ONE + PART_TWO + PART_THREE:
+    for name in PART_ONE + PART_TWO:  # part three builds on part two: a session of its own, never homework of these
         lesson = found[name]
         if lesson.problem:
             continue
@@ -383,7 +383,8 @@ def homework(sessions, found):
         elif lesson.exercises > done[name]:
             n = lesson.exercises - done[name]
             items.append(f"{name}: {n} exercise{'s' if n > 1 else ''} ({n * EXERCISE_MINUTES} min)")
-    return "Homework: " + ("; ".join(items) if items else "none") + "."
+    return ("Homework: " + ("; ".join(items) if items else "none") + ". Part three (" + ", ".join(PART_THREE)
+            + ") builds on lesson 09: a session of its own after part two, not homework.")
 
 
 def markdown(folder="notebooks", plans=None):
