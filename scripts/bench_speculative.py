@@ -16,6 +16,8 @@ One warm-up run of each, then --rounds rounds; within a round the contenders tak
 from round to round. The table gives each contender's median seconds and its speed-up against the baseline of the
 same round: the median and the min .. max over rounds. A round in which any contender took more than STALL times its
 own median is flagged as stalled and left out of the speed-up's median and spread (it is listed, never quoted).
+Last, the chat prompt's prefill onto caches of the model's whole context and onto caches sized to the request, taking
+turns: the cost a baseline with oversized caches pays (run it once more with NUMPY_MADVISE_HUGEPAGE=0 to compare).
 """
 # ruff: noqa: E402  (the imports below must wait until the thread count is in the environment)
 import os
@@ -100,6 +102,21 @@ def table(name, rows):
     return stalled
 
 
+def prefill_by_cache_size(model, ids, new, rounds):
+    """The prefill of ids onto caches of config.max_len positions and onto caches sized to the request (len(ids) +
+    new), taking turns -> per round {capacity: seconds}. Run it with NUMPY_MADVISE_HUGEPAGE=0 to see how much of the
+    gap is the transparent huge pages numpy asks for on arrays of 4 MB or more."""
+    sizes, rows = (model.config.max_len, len(ids) + new), []
+    for r in range(rounds):
+        row = {}
+        for capacity in sizes if r % 2 == 0 else sizes[::-1]:
+            t = time.perf_counter()
+            model.forward(ids, model.new_cache(capacity=capacity))
+            row[capacity] = time.perf_counter() - t
+        rows.append(row)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="lesson 14's clock: prompt lookup against plain decoding, fairly")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds")
@@ -117,6 +134,15 @@ def main(argv=None):
     for name, ids in prompts(model).items():
         print(f"\n{name} ({len(ids)} prompt tokens):", flush=True)
         any_stall |= bool(table(name, measure(contenders(model, ids, args.new, args.ks), args.rounds)))
+    ids = prompts(model)["chat"]
+    rows = prefill_by_cache_size(model, ids, args.new, args.rounds)
+    big, small = model.config.max_len, len(ids) + args.new
+    ratios = [row[big] / row[small] for row in rows]
+    print(f"\nthe chat prompt's prefill ({len(ids)} tokens), NUMPY_MADVISE_HUGEPAGE="
+          f"{os.environ.get('NUMPY_MADVISE_HUGEPAGE', '(unset)')}: onto {big:,}-position caches "
+          f"{statistics.median(row[big] for row in rows) * 1e3:.0f} ms, onto {small}-position caches "
+          f"{statistics.median(row[small] for row in rows) * 1e3:.0f} ms; ratio {statistics.median(ratios):.2f} "
+          f"({min(ratios):.2f} .. {max(ratios):.2f}) over {len(rows)} rounds")
     if any_stall:
         print(f"\nA stalled round (a contender slower than {STALL}x its median) means the machine was busy: re-run "
               "on a quiet one before quoting.")

@@ -34,7 +34,7 @@ def test_lesson_14s_clock_runs_and_compares_like_with_like(scripts_on_path, caps
     bench_speculative.main(["--rounds", "1", "--new", "4", "--ks", "2"])
     out = capsys.readouterr().out
     assert out.count("| k = 0 (plain decoding) |") == 2 and out.count("| prompt lookup, k = 2 |") == 2
-    assert "| model.generate |" in out and "story (96 prompt tokens)" in out
+    assert "| model.generate |" in out and "story (96 prompt tokens)" in out and "ratio" in out
 
 
 @pytest.mark.parametrize("script, needs", [("compare_hf.py", "transformers"), ("causal_corner.py", "torch")])
