@@ -104,22 +104,27 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = 
         p = np.exp(s, out=s).reshape(Hkv, G * T, S)
         p /= p.sum(axis=-1, keepdims=True)
     with np.errstate(over="ignore", invalid="ignore"):
-        out = _weighted_values(p, v.astype(acc, copy=False), mask)  # [Hkv, G*T, d]
+        seen = None if mask is None else np.tile(mask, (G, 1))  # [G*T, S]: rows g*T + i belong to query i
+        out = weighted_values(p, v.astype(acc, copy=False), seen)  # [Hkv, G*T, d]
     return out.reshape(H, T, d).astype(q.dtype, copy=False)
 
 
-def _weighted_values(p, v, mask):
-    """p [Hkv, G*T, S] @ v [Hkv, S, d], except that a value a query cannot see never touches its output: its weight
-    is 0, but 0 * inf is NaN. Queries that do see an inf or NaN value get what IEEE arithmetic gives them."""
-    if mask is None:
+def weighted_values(p, v, visible=None):
+    """p [..., R, S] @ v [..., S, d] -> [..., R, d], except that a value a row cannot see never touches its output.
+
+    visible: bool broadcastable to p, the keys each row sees (None: every key). A hidden key's weight is 0, but
+    0 * inf is NaN, so the plain product would carry an inf or NaN value to rows that never see it. A row that does
+    see one gets what IEEE arithmetic gives it: p * inf, or 0 * inf = NaN for a seen key of weight 0.
+    """
+    bad = ~np.isfinite(v).all(axis=-1)  # [..., S] keys whose value holds an inf or a NaN
+    if visible is None or not bad.any():
         return p @ v
-    bad = ~np.isfinite(v).all(axis=(0, 2))  # [S] keys whose value holds an inf or a NaN
-    if not bad.any():
-        return p @ v
-    out = p @ np.where(bad[None, :, None], 0, v)
-    T = mask.shape[0]
-    sees = np.tile(mask[:, bad].any(axis=1), p.shape[1] // T)  # [G*T]: rows g*T + i belong to query i
-    out[:, sees] = p[:, sees] @ v
+    out = p @ np.where(bad[..., None], 0, v)  # [..., R, d]: every row, over the finite values only
+    visible = np.broadcast_to(visible, p.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j in np.flatnonzero(bad.reshape(-1, bad.shape[-1]).any(axis=0)):  # each poisoned key, added back alone
+            sees = visible[..., j, None] & bad[..., j, None, None]  # [..., R, 1] rows that see key j's bad value
+            out += np.where(sees, p[..., j, None] * v[..., None, j, :], 0)
     return out
 
 
