@@ -18,21 +18,25 @@ CFG = dict(D=16, n_layers=2, H=4, Hkv=2, d=4, hidden=24)
 TOKENS = ["a", "b", "c", "d", " ", "Ġ", "ab", "cd", "<|im_start|>", "<|im_end|>", "x", "y"]
 
 
-def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0):
-    """Write a tiny model file; optionally without one metadata key or tensor, or with one tensor reshaped."""
+def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0, meta=None, eos=9, bos=None, poison=None):
+    """Write a tiny model file; optionally without one metadata key or tensor, with one tensor reshaped, with
+    metadata values changed or added (meta: key after "llama." -> value; a negative int is written as int32), other
+    end or beginning token ids, or one number of a tensor replaced (poison: (tensor name, value))."""
     import gguf
 
     rng = np.random.default_rng(seed)
     c = CFG
-    meta = {"block_count": c["n_layers"], "context_length": 64, "embedding_length": c["D"],
-            "feed_forward_length": c["hidden"], "attention.head_count": c["H"], "attention.head_count_kv": c["Hkv"],
-            "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-5}
+    values = {"block_count": c["n_layers"], "context_length": 64, "embedding_length": c["D"],
+              "feed_forward_length": c["hidden"], "attention.head_count": c["H"], "attention.head_count_kv": c["Hkv"],
+              "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-5, **(meta or {})}
     w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in meta.items():
+    for key, value in values.items():
         if key == drop_key:
             continue
         if isinstance(value, float):
             w.add_float32(f"llama.{key}", value)
+        elif value < 0:
+            w.add_int32(f"llama.{key}", value)
         else:
             w.add_uint32(f"llama.{key}", value)
     w.add_tokenizer_model("gpt2")
@@ -40,7 +44,9 @@ def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0):
     w.add_token_list(TOKENS)
     w.add_token_types([3 if t.startswith("<|") else 1 for t in TOKENS])
     w.add_token_merges(["a b", "c d"])
-    w.add_eos_token_id(9)
+    w.add_eos_token_id(eos)
+    if bos is not None:
+        w.add_bos_token_id(bos)
     shapes = gguf_file.expected_shapes(_config())
     for name, shape in shapes.items():
         if name == drop_tensor:
@@ -48,6 +54,8 @@ def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0):
         if reshape and name == reshape[0]:
             shape = reshape[1]
         a = (rng.standard_normal(shape) / 4).astype(np.float32) if len(shape) == 2 else np.ones(shape, np.float32)
+        if poison and name == poison[0]:
+            a.flat[a.size // 2] = poison[1]
         w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -90,6 +98,61 @@ def test_a_file_of_another_shape_is_refused_at_load_naming_the_culprit(tmp_path,
     with pytest.raises(fetch.ModelFileError, match=words.replace("[", r"\[")):
         llama.load(path, sha256=None)
     assert not any(cache_dir.glob("*")) if cache_dir.exists() else True  # nothing written for a refused file
+
+
+BAD_HEADERS = [  # (change, the words the error must hold: the key, and what is wrong with its value)
+    (dict(meta={"attention.layer_norm_rms_epsilon": -1.0}), r"llama.attention.layer_norm_rms_epsilon must be finite "
+                                                            r"and above 0; got .*=-1.0"),
+    (dict(meta={"attention.layer_norm_rms_epsilon": 0.0}), "llama.attention.layer_norm_rms_epsilon must be finite"),
+    (dict(meta={"attention.layer_norm_rms_epsilon": float("nan")}), "llama.attention.layer_norm_rms_epsilon must"),
+    (dict(meta={"context_length": 0}), "llama.context_length must be at least 1; got llama.context_length=0"),
+    (dict(meta={"rope.freq_base": float("nan")}), "llama.rope.freq_base must be finite and above 0; got .*nan"),
+    (dict(meta={"rope.freq_base": -1.0}), "llama.rope.freq_base must be finite and above 0"),
+    (dict(meta={"rope.freq_base": float("inf")}), "llama.rope.freq_base must be finite and above 0"),
+    (dict(meta={"attention.head_count": 0}), "llama.attention.head_count must be at least 1"),
+    (dict(meta={"attention.head_count": 3, "attention.head_count_kv": 1}),
+     "llama.embedding_length=16 does not split into llama.attention.head_count=3 heads"),
+    (dict(meta={"attention.head_count_kv": 3}), "llama.attention.head_count=4 is not a multiple of "
+                                                "llama.attention.head_count_kv=3"),
+    (dict(meta={"attention.head_count_kv": 0}), "llama.attention.head_count_kv must be at least 1"),
+    (dict(meta={"attention.head_count_kv": -2}), "llama.attention.head_count_kv must be at least 1"),
+    (dict(meta={"embedding_length": 0}), "llama.embedding_length must be at least 1"),
+    (dict(meta={"embedding_length": 32}), r"token_embd.weight has shape \[12, 16\]; the config \(D=32"),
+    (dict(meta={"attention.key_length": 5}), "the head dim d=5 is odd"),
+    (dict(meta={"attention.value_length": 8}), "llama.attention.value_length=8 differs from the key length d=4"),
+    (dict(meta={"block_count": 0}), "llama.block_count must be at least 1"),
+    (dict(meta={"feed_forward_length": 0}), "llama.feed_forward_length must be at least 1"),
+    (dict(meta={"vocab_size": 5}), "lists 12 tokens, more than the llama.vocab_size=5 rows"),
+    (dict(eos=10**9), "tokenizer.ggml.eos_token_id=1000000000 is outside the vocabulary of 12 tokens"),
+    (dict(eos=12), "tokenizer.ggml.eos_token_id=12 is outside the vocabulary of 12 tokens"),
+    (dict(bos=12), "tokenizer.ggml.bos_token_id=12 is outside the vocabulary of 12 tokens"),
+    (dict(poison=("blk.1.ffn_up.weight", np.nan)), "tensor blk.1.ffn_up.weight holds 1 NaN or inf values of 384"),
+    (dict(poison=("output_norm.weight", np.inf)), "tensor output_norm.weight holds 1 NaN or inf values of 16"),
+    (dict(poison=("token_embd.weight", -np.inf)), "tensor token_embd.weight holds 1 NaN or inf"),
+]
+
+
+@pytest.mark.parametrize("change, words", BAD_HEADERS)
+def test_a_header_or_weight_no_model_runs_with_is_refused_at_load_naming_the_file_and_key(tmp_path, cache_dir,
+                                                                                           change, words):
+    """Before: with sha256=None, an epsilon of -1 or a NaN weight loaded silently (NaN logits, every greedy token 0),
+    a context of 0 or a NaN RoPE base loaded and the first forward refused without naming the file, a head count of 0
+    was a bare ZeroDivisionError, and an end token id of 10**9 loaded."""
+    path = tiny_gguf(tmp_path / "odd.gguf", **change)
+    with pytest.raises(fetch.ModelFileError, match=words) as info:
+        llama.load(path, sha256=None)
+    assert str(info.value).startswith(f"{path}:")
+    assert not cache_dir.exists() or not any(cache_dir.iterdir())  # no float32 copy of a file that is refused
+
+
+def test_a_head_dim_set_on_its_own_need_not_divide_the_width(tmp_path, cache_dir):
+    """Qwen3-32B's 64 heads of 128 are wider than its 5120: attention.key_length decides, and the check follows it."""
+    meta = {"block_count": 1, "embedding_length": 10, "attention.head_count": 4, "attention.head_count_kv": 2,
+            "attention.key_length": 4, "feed_forward_length": 8, "rope.freq_base": 1e4,
+            "attention.layer_norm_rms_epsilon": 1e-5, "context_length": 8}
+    config = gguf_file.config_from_metadata({"general.architecture": "llama", "tokenizer.ggml.tokens": TOKENS,
+                                             **{f"llama.{k}": v for k, v in meta.items()}})
+    assert (config.D, config.H, config.d) == (10, 4, 4)
 
 
 def _copy_folder(cache_dir):
