@@ -7,6 +7,12 @@ missing, one wrong shape) must each be refused at load with a ModelFileError nam
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,7 +255,8 @@ def test_a_cache_path_that_is_a_plain_file_leaves_no_debris(tmp_path, cache_dir,
     cache_dir.parent.mkdir(exist_ok=True)
     cache_dir.write_text("not a folder")
     model = llama.load(path, sha256=None)
-    assert "could not keep a float32 copy" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "could not keep a float32 copy" in said and f"{cache_dir} is a file, not a folder" in said, said
     assert model.generate([0, 1], 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "tiny.gguf"]
 
@@ -331,3 +338,130 @@ def test_a_damaged_file_in_a_read_only_cache_says_what_to_set(cache_dir, monkeyp
     monkeypatch.setattr(fetch.Path, "unlink", refuse)
     with pytest.raises(fetch.ModelFileError, match="not writable. Set KVLESSON_CACHE_DIR"):
         fetch.model_file()
+
+
+# ---- processes loading at once, and a writer killed mid-write
+
+REPO = Path(llama.__file__).resolve().parents[1]
+
+RACER = """
+import pathlib, sys, time
+from kvlesson import llama
+from kvlesson.weights import f32cache
+real_save = f32cache.save
+
+def slow_save(*args, **kwargs):  # SmolLM2's copy takes seconds to write; the tiny one takes milliseconds
+    time.sleep(float(sys.argv[3]))
+    return real_save(*args, **kwargs)
+
+f32cache.save = slow_save
+go = pathlib.Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.002)
+model = llama.load(sys.argv[1], sha256=None)
+print("logits", model.forward([0, 1, 2]).tobytes().hex())
+"""
+
+
+def start(script, *args, cache_dir):
+    env = {**os.environ, "KVLESSON_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+class Watch(threading.Thread):
+    """Polls the copy's folder while processes race: how often a complete copy (manifest in place) went missing."""
+
+    def __init__(self, folder):
+        super().__init__(daemon=True)
+        self.folder, self.done, self.complete, self.vanished = folder, threading.Event(), False, 0
+
+    def run(self):
+        while not self.done.is_set():
+            here = (self.folder / "manifest.json").is_file()
+            self.vanished += self.complete and not here
+            self.complete = here
+            time.sleep(0.0005)
+
+
+def test_three_processes_loading_at_once_build_one_copy_and_never_delete_it(tmp_path, cache_dir):
+    """Before: each later writer deleted the earlier complete copy before renaming its own (three copies written,
+    the folder seen missing after it was complete). Now one process writes; the others wait for it and map its copy,
+    and every process gets the same logits."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    folder = f32cache.folder_for(cache_dir, path, fetch.sha256_of(path))
+    go = tmp_path / "go"
+    racers = [start(RACER, path, go, 0.5, cache_dir=cache_dir) for _ in range(3)]
+    watch = Watch(folder)
+    watch.start()
+    time.sleep(1.0)  # the imports
+    go.touch()
+    outs = [racer.communicate(timeout=120) for racer in racers]
+    watch.done.set()
+    watch.join()
+    assert all(racer.returncode == 0 for racer in racers), [err for _, err in outs]
+    said = [out.splitlines() for out, _ in outs]
+    logits = {lines[-1] for lines in said}
+    assert len(logits) == 1 and next(iter(logits)).startswith("logits ")
+    writers = [lines for lines in said if any("float32 copy written in" in line for line in lines)]
+    assert len(writers) == 1, said
+    assert sum(any("waiting for it" in line for line in lines) for lines in said) >= 1, said  # the ones that waited
+    assert watch.vanished == 0, f"the complete copy went missing {watch.vanished} times"
+    assert sorted(p.name for p in cache_dir.iterdir()) == [folder.name], "a temporary folder or the lock stayed"
+
+
+KILLED = """
+import pathlib, sys, time
+from kvlesson import llama
+from kvlesson.weights import f32cache
+real_crc32 = f32cache._crc32
+
+def stall(path):  # the first array is written: say so, then hang until killed
+    pathlib.Path(sys.argv[2]).touch()
+    time.sleep(600)
+
+f32cache._crc32 = stall
+llama.load(sys.argv[1], sha256=None)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_writer_killed_mid_write_leaves_nothing_the_next_load_keeps(tmp_path, cache_dir, capsys, how):
+    """Before: a SIGTERM during the write left its temporary folder (142 MB for SmolLM2) for an hour. No handler is
+    installed for the signal (it would replace the host's own: a notebook kernel's, a server's, and SIGKILL cannot
+    be caught); instead the lock dies with the writer, and the next process to take it is the only writer there
+    is, so it removes every temporary folder of that copy at once."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    folder = f32cache.folder_for(cache_dir, path, fetch.sha256_of(path))
+    writing = tmp_path / "writing"
+    victim = start(KILLED, path, writing, cache_dir=cache_dir)
+    deadline = time.monotonic() + 60
+    while not writing.exists() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writing.exists(), victim.communicate(timeout=5)
+    victim.send_signal(how)
+    victim.communicate(timeout=30)
+    left = [p.name for p in cache_dir.iterdir() if p.name.startswith(".f32-")]
+    assert left and any((cache_dir / name).iterdir() for name in left)  # half a copy, as a killed writer leaves
+    model = llama.load(path, sha256=None)
+    assert "float32 copy written in" in capsys.readouterr().out
+    assert sorted(p.name for p in cache_dir.iterdir()) == [folder.name]  # no temporary folder, no lock
+    assert model.generate([0, 1], 2)
+
+
+def test_saving_over_an_intact_copy_keeps_it(tmp_path, capsys):
+    """Nobody deletes a complete copy: a second save of the same folder keeps the first (a process of an older
+    kvlesson, which takes no lock, may still race)."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    f = gguf_file.read(path)
+    from kvlesson.weights import layout
+    folder = tmp_path / "copy.f32"
+    weights = layout.matmul_weights(f.tensors)
+    f32cache.save(folder, f.config, weights, f.tokenizer, f.chat_template)
+    first = os.stat(folder / "manifest.json").st_ino
+    capsys.readouterr()
+    f32cache.save(folder, f.config, weights, f.tokenizer, f.chat_template)
+    assert capsys.readouterr().out.splitlines()[-1] == ("kvlesson: float32 copy written by another process first; "
+                                                       "that copy is kept.")
+    assert os.stat(folder / "manifest.json").st_ino == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.f32", "tiny.gguf"]
