@@ -33,7 +33,7 @@ def tree_mask(parents: Sequence[int], S: int) -> np.ndarray:
     S + depth(i) (`tree_depths`), not S + i. A chain, parents = [-1, 0, 1, ...], gives lesson 04's offset mask.
     """
     S = validate.integer("S", S)
-    parents = _parents(parents)
+    parents = validate.parents(parents)
     T = len(parents)
     ancestors = np.eye(T, dtype=bool)  # [T, T]: row i, the nodes on the path from the root to i
     for i, p in enumerate(parents):
@@ -44,21 +44,11 @@ def tree_mask(parents: Sequence[int], S: int) -> np.ndarray:
 
 def tree_depths(parents: Sequence[int]) -> np.ndarray:
     """-> int [T]: each node's depth, 0 for a child of the last cached token; node i sits at position S + depth."""
-    parents = _parents(parents)
+    parents = validate.parents(parents)
     depth = np.zeros(len(parents), dtype=np.intp)
     for i, p in enumerate(parents):
         depth[i] = 0 if p < 0 else depth[p] + 1
     return depth
-
-
-def _parents(parents):
-    if isinstance(parents, (str, bytes)) or not hasattr(parents, "__len__"):
-        raise TypeError(f"parents must be a list of T integers; got {type(parents).__name__}")
-    parents = [validate.integer(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents)]
-    for i, p in enumerate(parents):
-        if p >= i:
-            raise ValueError(f"parents[{i}]={p}: a node's parent must come before it (-1 for the last cached token)")
-    return parents
 
 
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = None,
