@@ -433,3 +433,35 @@ def test_scale_for_maps_the_largest_number_onto_the_format():
                        ((np.full((1, 1, 1), np.inf), e4m3), "finite")]:
         with pytest.raises(ValueError, match=words):
             scale_for(*bad)
+
+
+JUNK_CASES = [  # (call, error, words): before, each raised numpy's own words (or a DeprecationWarning), or passed
+    (lambda: formats(None), TypeError, "dtypes must be a list of floating dtypes"),
+    (lambda: formats(np.float32), TypeError, "dtypes must be a list of floating dtypes"),
+    (lambda: formats("float32"), TypeError, "dtypes must be a list of floating dtypes"),
+    (lambda: formats([None]), TypeError, r"dtypes\[0\] must be a floating dtype .*got None"),
+    (lambda: formats([np.float32, "abc"]), TypeError, r"dtypes\[1\] must be a floating dtype .*got dtypes\[1\]='abc'"),
+    (lambda: formats([np.int64]), TypeError, r"dtypes\[0\] must be a floating dtype"),
+    (lambda: running_sum("abc", np.float32), TypeError, "x must hold real numbers; got dtype <U3"),
+    (lambda: pairwise_sum([[1.0, 2.0], [3.0]], np.float32), ValueError, "x is not a rectangular array of numbers"),
+    (lambda: kahan_sum({}, np.float32), TypeError, "x must hold real numbers; got dtype object"),
+    (lambda: running_sum(2.0, np.float32), ValueError, "x must have at least one axis"),
+    (lambda: running_sum(np.ones(4), np.float32, axis=None), TypeError, "axis must be an integer; got axis=None"),
+    (lambda: pairwise_sum(np.ones(4), np.float32, axis=np.ones((2, 2))), TypeError, "axis must be an integer"),
+    (lambda: kahan_sum(np.ones(4), np.float32, axis=2.5), TypeError, "axis must be an integer; got axis=2.5"),
+    (lambda: running_sum(np.ones((2, 3)), np.float32, axis=2), ValueError, r"axis=2 is out of range for x of 2 axes"),
+    (lambda: running_sum(np.ones((2, 3)), np.float32, axis=-3), ValueError, "axis must be at least -2"),
+    (lambda: running_sum(np.ones(4), None), TypeError, "dtype must be a floating dtype .*got None"),
+    (lambda: LowPrecisionKVCache(1, 4, 8, store=None), TypeError, "store must be a floating dtype .*got None"),
+    (lambda: scale_for(np.ones((1, 2, 2)), e4m3, per=np.array([1, 2])), ValueError, "per must be 'tensor' or 'head'"),
+    (lambda: scale_for(np.ones((1, 2, 2)), e4m3, per=None), ValueError, "per must be 'tensor' or 'head'"),
+]
+
+
+@pytest.mark.parametrize("call, error, words", JUNK_CASES)
+def test_every_public_function_names_junk(call, error, words):
+    """Issue 33, item 8: junk fed to each public function of kvlesson.shrink.precision gets an error naming the
+    argument, not numpy's own words ('truth value of an array is ambiguous', 'Cannot interpret 3 as a data type',
+    'setting an array element with a sequence') or a DeprecationWarning."""
+    with pytest.raises(error, match=words):
+        call()
