@@ -51,8 +51,9 @@ def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
     first = 0 if window is None else max(0, S - T + 1 - window)  # the oldest key any query still sees
     for start in range(first, S if T else 0, block):
         stop = min(start + block, S)
-        s, seen = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, <= block]
-        m, l, o = online_update(m, l, o, s, v[:, start:stop].astype(acc, copy=False), visible=seen)
+        s = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, <= block]
+        vb, seen = _values(v, start, stop, acc, T, S, window)
+        m, l, o = online_update(m, l, o, s, vb, visible=seen)
     out, lse = _every_row_saw_its_own_key(*finish(m, l, o))
     out = out.reshape(H, T, d).astype(q.dtype, copy=False)
     return (out, lse.reshape(H, T)) if return_lse else out
@@ -77,9 +78,9 @@ def split_kv_attention(q, k, v, *, splits=4, window=None):
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
         if stop == start:  # an empty slice has nothing to say; it would merge as the identity anyway
             continue
-        s, seen = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, stop - start]
-        out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s,
-                                         v[:, start:stop].astype(acc, copy=False), visible=seen))
+        s = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, stop - start]
+        vb, seen = _values(v, start, stop, acc, T, S, window)
+        out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s, vb, visible=seen))
         outs.append(out)  # [Hkv, G*T, d]; 0 for a row the slice's keys are all hidden from (causal or window)
         lses.append(lse)  # [Hkv, G*T]; -inf there, so it weighs nothing in the merge
     out, _ = _every_row_saw_its_own_key(*merge_partials(np.stack(outs), np.stack(lses)))
@@ -91,16 +92,18 @@ def online_update(m, l, o, s, v, *, visible=None):
 
     m, l [..., R, 1] and o [..., R, d] as in the module docstring; masked scores are -inf. A row that has still
     seen no key keeps m = -inf, l = 0, o = 0, and a masked key's value never reaches o, even if it is nan or inf.
-    visible: bool broadcastable to s, the keys each row may see (None: those whose score is above -inf); it matters
-    only for a value that holds inf or nan, which a seen key of weight 0 turns into 0 * inf = nan, as attention does.
-    A nan score makes the row's m, l and o nan, and they stay nan.
+    visible: bool, the keys each row may see, as kvlesson.sdpa.weighted_values takes it (None: those whose score is
+    above -inf); it matters only for a value that holds inf or nan, which a seen key of weight 0 turns into
+    0 * inf = nan, as attention does. A nan score makes the row's m, l and o nan, and they stay nan.
     """
     with np.errstate(invalid="ignore"):  # inf - inf and 0 * inf: a nan or inf input gives nan, as in attention
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
         shift = np.where(np.isneginf(m_new), 0, m_new)  # exp(-inf - -inf) would be nan; exp(-inf - 0) is 0
         alpha = np.exp(m - shift)  # rescales what was summed under the old max; 1 when the max did not move
         p = np.exp(s - shift)  # [..., R, b], the only score-sized array
-        pv = weighted_values(p, v, ~np.isneginf(s) if visible is None else visible)  # [..., R, d]
+        if visible is None and not np.isfinite(v).all():
+            visible = ~np.isneginf(s)
+        pv = weighted_values(p, v, visible)  # [..., R, d]
         return m_new, alpha * l + p.sum(axis=-1, keepdims=True), alpha * o + pv
 
 
@@ -168,7 +171,7 @@ def attention_backward(q, k, v, out, lse, d_out, *, block=128, window=None):
     dk, dv = np.zeros((Hkv, S, d), acc), np.zeros((Hkv, S, d), acc)
     for start in range(0, S if T else 0, block):
         stop = min(start + block, S)
-        s, _ = _scores(qg, k[:, start:stop], acc, G, T, S, start, window)  # [Hkv, G*T, b], masked -inf
+        s = _scores(qg, k[:, start:stop], acc, G, T, S, start, window)  # [Hkv, G*T, b], masked -inf
         p = np.exp(s - L)  # the softmax weights themselves: exp(s - lse) needs no max and no sum
         kb, vb = k[:, start:stop].astype(acc, copy=False), v[:, start:stop].astype(acc, copy=False)
         dv[:, start:stop] = p.transpose(0, 2, 1) @ do
@@ -194,17 +197,28 @@ def empty_state(rows, d, acc):
 
 
 def _scores(qg, k, acc, G, T, S, start, window):
-    """Scores of all queries against keys start .. start + b - 1, masked with -inf: [Hkv, G*T, b], and which keys
-    each row sees, bool [G*T, b] (True: all of them)."""
+    """Scores of all queries against keys start .. start + b - 1, masked with -inf: [Hkv, G*T, b]."""
     Hkv, b, _ = k.shape
     with np.errstate(invalid="ignore"):  # inf * 0 in a product: nan, as attention has it
         s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, b]
+    visible = _visible(T, S, start, b, window)
+    if not visible.all():
+        s = np.where(visible, s.reshape(Hkv, G, T, b), -np.inf).reshape(Hkv, G * T, b)
+    return s
+
+
+def _visible(T, S, start, b, window):
+    """-> bool [T, b]: which of the keys start .. start + b - 1 each query sees, query i at position S - T + i."""
     pos_q = np.arange(S - T, S)[:, None]  # [T, 1]
     pos_k = np.arange(start, start + b)[None, :]  # [1, b]
     visible = pos_k <= pos_q  # [T, b]
     if window is not None:
         visible &= pos_k > pos_q - window
-    if visible.all():
-        return s, np.True_
-    s = np.where(visible, s.reshape(Hkv, G, T, b), -np.inf).reshape(Hkv, G * T, b)
-    return s, np.tile(visible, (G, 1))  # row g*T + i is query i
+    return visible
+
+
+def _values(v, start, stop, acc, T, S, window):
+    """-> (the values of keys start .. stop - 1 in dtype acc, [Hkv, b, d], and which keys each query sees, bool
+    [T, b]): that matters only to a value holding inf or nan, so for finite values it is None (and holds no memory)."""
+    vb = v[:, start:stop].astype(acc, copy=False)
+    return vb, None if np.isfinite(vb).all() else _visible(T, S, start, stop - start, window)

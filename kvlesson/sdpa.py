@@ -94,22 +94,25 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = 
         p = np.exp(s, out=s).reshape(Hkv, G * T, S)
         p /= p.sum(axis=-1, keepdims=True)
     with np.errstate(over="ignore", invalid="ignore"):
-        seen = None if mask is None else np.tile(mask, (G, 1))  # [G*T, S]: rows g*T + i belong to query i
-        out = weighted_values(p, v.astype(acc, copy=False), seen)  # [Hkv, G*T, d]
+        out = weighted_values(p, v.astype(acc, copy=False), mask)  # [Hkv, G*T, d]
     return out.reshape(H, T, d).astype(q.dtype, copy=False)
 
 
 def weighted_values(p, v, visible=None):
     """p [..., R, S] @ v [..., S, d] -> [..., R, d], except that a value a row cannot see never touches its output.
 
-    visible: bool broadcastable to p, the keys each row sees (None: every key). A hidden key's weight is 0, but
-    0 * inf is NaN, so the plain product would carry an inf or NaN value to rows that never see it. A row that does
-    see one gets what IEEE arithmetic gives it: p * inf, or 0 * inf = NaN for a seen key of weight 0.
+    visible: the keys each row sees, bool [T, S] with R = G*T rows (row g*T + i is query i, the layout of grouped
+    heads) or anything broadcastable to p; None: every key. A hidden key's weight is 0, but 0 * inf is NaN, so the
+    plain product would carry an inf or NaN value to rows that never see it. A row that does see one gets what IEEE
+    arithmetic gives it: p * inf, or 0 * inf = NaN for a seen key of weight 0.
     """
-    bad = ~np.isfinite(v).all(axis=-1)  # [..., S] keys whose value holds an inf or a NaN
-    if visible is None or not bad.any():
+    if visible is None or np.isfinite(v).all():
         return p @ v
+    bad = ~np.isfinite(v).all(axis=-1)  # [..., S] keys whose value holds an inf or a NaN
     out = p @ np.where(bad[..., None], 0, v)  # [..., R, d]: every row, over the finite values only
+    visible = np.asarray(visible)
+    if visible.ndim >= 2 and visible.shape[-2] not in (1, p.shape[-2]):  # [T, S] for R = G*T rows
+        visible = np.tile(visible, (p.shape[-2] // visible.shape[-2], 1))
     visible = np.broadcast_to(visible, p.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         for j in np.flatnonzero(bad.reshape(-1, bad.shape[-1]).any(axis=0)):  # each poisoned key, added back alone

@@ -107,8 +107,9 @@ def _token(name, i):
     try:
         return operator.index(i)
     except TypeError:
-        what = f"an array of shape {i.shape}" if isinstance(i, np.ndarray) else f"{i!r} ({type(i).__name__})"
-        raise TypeError(f"{name} must hold integer token ids, one per token; got {what}") from None
+        what = (f"an array of shape {i.shape} (one id per token, not a row of them)" if isinstance(i, np.ndarray)
+                else f"{i!r} ({type(i).__name__})")
+        raise TypeError(f"{name} must hold integer token ids; got {what}") from None
 
 
 def parents(value, name="parents"):

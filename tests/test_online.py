@@ -319,9 +319,9 @@ def slices(c, bounds):
         if a == b:  # an empty slice: the merge's identity
             parts.append((np.zeros((c["Hkv"], G * T, c["d"])), np.full((c["Hkv"], G * T), -np.inf)))
             continue
-        s, seen = kvlesson.online._scores(qg, k[:, a:b], acc, G, T, S, a, c["window"])
+        s = kvlesson.online._scores(qg, k[:, a:b], acc, G, T, S, a, c["window"])
         parts.append(finish(*online_update(*kvlesson.online.empty_state(qg.shape[:-1], c["d"], acc), s,
-                                           v[:, a:b], visible=seen)))
+                                           v[:, a:b])))
     whole = attention(q, k, v, window=c["window"]).reshape(c["Hkv"], G * T, c["d"])
     return [o for o, _ in parts], [lse for _, lse in parts], whole
 

@@ -470,7 +470,7 @@ HELPER_CASES = [  # (what, call, error, words): before, each hung, raised a raw 
     ("keep('0')", lambda: _tree_views()[0].keep("0"), TypeError, "path must be a list of node indices"),
     ("keep(None)", lambda: _tree_views()[0].keep(None), TypeError, "path must be a list of node indices"),
     ("keep([0.0])", lambda: _tree_views()[0].keep([0.0]), TypeError, r"path\[0\] must be an integer"),
-    ("keep([0, -1])", lambda: _tree_views()[0].keep([0, -1]), ValueError, r"path\[1\] must be at least 0"),
+    ("keep([0, -1])", lambda: _tree_views()[0].keep([0, -1]), ValueError, r"path.*-1"),  # named on main too
     ("TreeCache(parents=None)", lambda: TreeCache(KVCache(2, 16), None), TypeError,
      "parents must be a list of T integers"),
     ("TreeCache(parents=[0])", lambda: TreeCache(KVCache(2, 16), [0]), ValueError, r"parents\[0\]=0"),
@@ -485,7 +485,7 @@ HELPER_CASES = [  # (what, call, error, words): before, each hung, raised a raw 
      TypeError, r"draft\(context_ids, k\) must be a 1-D array of integer token ids; got int64 \(4, 2\)"),
     ("a draft of a list of arrays",
      lambda: speculative.generate(TINY64, PROMPT, 6, draft=lambda c, k: [np.array([1, 2])]), TypeError,
-     r"draft\(context_ids, k\) must hold integer token ids, one per token; got an array of shape \(2,\)"),
+     r"draft\(context_ids, k\) must hold integer token ids; got an array of shape \(2,\) \(one id per token"),
 ]
 
 
