@@ -28,12 +28,15 @@ the core and the leaves (validate, configs, text), never each other upwards; not
     llama          SmolLM2-135M: Model (forward, generate, generate_batch) and load()
   the leaves
     validate       argument checks shared by everything
+    atomic         all or nothing: a call cut short (Ctrl-C) leaves every cache and pool as it was
     configs        Config (the one configuration type), published models and accelerators
     text           the long text that ships with the package
   weights/         fetch (the file, once, verified), gguf_file, tokenizer, layout (x @ W, fused), f32cache
-  serving/         paged (PagedKVCache), padding (padded batches), batch (continuous batching)
+  serving/         paged (PagedKVCache), forward (one pass for any mix of sequences), padding (padded batches),
+                   batch (continuous batching), engine (the scheduler), trace (replaying requests)
   shrink/          quant (integer codes), sinks (attention sinks), mla (a latent cache), precision (16-bit floats)
   costs/           memory (bytes), flops, roofline, perplexity (the ruler), tolerance (float32 drift)
+  parallel/        many processes through MPI: launch, tensor (parallelism by heads), ring (ring attention), disagg
   teaching/        verdict, checks (the exercises' checkers), widgets (explorers), drill (lesson 12), syllabus,
                    student (student copies)
 """

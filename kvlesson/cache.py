@@ -22,18 +22,23 @@ without it has, so that nothing has to be probed for:
     truncate(n)                      keep the first n positions, as if the rest had never been appended (speculative
                                      decoding rolls a cache back this way); ValueError, naming how far back it can go,
                                      when a cache cannot
+    checkpoint()                     -> restore(): a function that puts the cache back exactly as it is now, after
+                                     appends or truncates meanwhile (a forward pass cut short by Ctrl-C is undone this
+                                     way, kvlesson.atomic)
     observe(q)                       q [H, T, d]: the next append's queries, rotated, handed over just before it;
                                      ignored unless the cache evicts by attention (kvlesson.shrink.evict)
 
 A rejected append or truncate raises ValueError (or TypeError) and leaves the cache exactly as it was.
 """
+import copy
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from kvlesson import validate
 
-__all__ = ["CacheLike", "Cache", "KVCache", "StaticKVCache", "WindowKVCache", "rules", "float_dtype"]
+__all__ = ["CacheLike", "Cache", "KVCache", "StaticKVCache", "WindowKVCache", "rules", "checkpoint", "float_dtype"]
 
 
 @runtime_checkable
@@ -54,6 +59,11 @@ class Cache:
 
     window = None
     capacity = None
+    # What an append does to the arrays already held, which decides what checkpoint() must keep:
+    #   "writes anywhere"   may overwrite held positions (a ring buffer): keep a copy of the whole state;
+    #   "new arrays"        builds new arrays and never writes into the old ones: keep references to them;
+    #   "writes past end"   writes only past len(cache), and truncate only moves the length: keep the length.
+    appends = "writes anywhere"
 
     def __init__(self, Hkv, d, dtype):
         self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
@@ -85,6 +95,21 @@ class Cache:
     def truncate(self, n: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot roll back")
 
+    def checkpoint(self) -> Callable[[], None]:
+        """-> restore(): puts the cache back exactly as it is now, after appends or truncates in between (a forward
+        pass cut short, a rollback that another layer's cache refused). It keeps what `appends` says an append can
+        change: a copy of everything (cheap for the small caches that write anywhere, a window's ring), the references
+        to the arrays, or only the length."""
+        if self.appends == "writes past end":
+            n = self._seen
+            return lambda: setattr(self, "_seen", n)
+        saved = dict(vars(self)) if self.appends == "new arrays" else copy.deepcopy(vars(self))
+
+        def restore():
+            vars(self).clear()
+            vars(self).update(saved)
+        return restore
+
     def _check(self, k_new, v_new):
         """Validate before touching any state; return (k_new, v_new, T) as arrays."""
         k_new, v_new = validate.floats("k_new", k_new), validate.floats("v_new", v_new)
@@ -111,6 +136,16 @@ class Cache:
         return n
 
 
+def checkpoint(cache: CacheLike) -> Callable[[], None]:
+    """-> restore() for any cache: its own checkpoint(), or for a class of your own with only the required parts,
+    truncate back to its length when it has truncate (else nothing can be put back, and the next forward pass refuses
+    layer caches that disagree on their length)."""
+    if hasattr(cache, "checkpoint"):
+        return cache.checkpoint()
+    n = len(cache)
+    return lambda: cache.truncate(n) if hasattr(cache, "truncate") and len(cache) > n else None
+
+
 def rules(cache):
     """-> (window, capacity, dtype) of any cache, with the protocol's defaults for a class that has only the required
     parts. The one place kvlesson reads a cache's optional attributes."""
@@ -121,6 +156,8 @@ def rules(cache):
 
 class KVCache(Cache):
     """Grows by concatenation: simple, but every append copies the whole cache (quadratic in copies)."""
+
+    appends = "new arrays"
 
     def __init__(self, Hkv, d, dtype=np.float64):
         super().__init__(Hkv, d, dtype)
@@ -146,6 +183,8 @@ class KVCache(Cache):
 
 class StaticKVCache(Cache):
     """Preallocates `capacity` positions and writes each new block in place (no copies of the past)."""
+
+    appends = "writes past end"
 
     def __init__(self, Hkv, d, capacity, dtype=np.float64):
         super().__init__(Hkv, d, dtype)

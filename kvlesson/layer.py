@@ -8,8 +8,8 @@ each a function of its own so that the model's forward pass (kvlesson.model) can
 import numpy as np
 from numpy.typing import ArrayLike
 
-from kvlesson import validate
-from kvlesson.cache import Cache, CacheLike, rules
+from kvlesson import atomic, validate
+from kvlesson.cache import Cache, CacheLike, checkpoint, rules
 from kvlesson.rope import rotate, rotation
 from kvlesson.sdpa import attention
 
@@ -30,7 +30,8 @@ def step(x: ArrayLike, Wq: ArrayLike, Wk: ArrayLike, Wv: ArrayLike, cache: Cache
         if d % 2:
             raise ValueError(f"RoPE needs an even head dim d; got d={d} (x {x.shape}, Wq {Wq.shape}, H={H})")
     q, k, v = project(x, Wq, Wk, Wv, H, Hkv)
-    return attend(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
+    with atomic.undo_on_error(checkpoint(cache)):  # cut short after the append, the cache is put back
+        return attend(q, k, v, cache, window=window, rope_base=rope_base, interleaved=interleaved)
 
 
 def project(x: np.ndarray, Wq: np.ndarray, Wk: np.ndarray, Wv: np.ndarray, H: int, Hkv: int

@@ -135,14 +135,7 @@ class Model:
 
     def _check_prompt(self, ids, max_new_tokens, name="ids"):
         """-> (ids, n): a prompt of at least one valid id, and a count of new tokens that fits the context."""
-        ids = self.tokenizer.check_ids(ids, name=name)
-        n = validate.integer("max_new_tokens", max_new_tokens)
-        if not ids:
-            raise ValueError(f"{name} is empty: need at least one prompt token to predict the next one")
-        if len(ids) + n > self.config.max_len:
-            raise ValueError(f"{name}: {len(ids)} prompt + {n} new tokens exceed the context of "
-                             f"{self.config.max_len} positions")
-        return ids, n
+        return validate.request(ids, max_new_tokens, self.config.vocab, self.config.max_len, name=name)
 
     def _check_caches(self, caches, T):
         cfg = self.config

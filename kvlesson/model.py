@@ -5,52 +5,68 @@ RMSNorm, a SwiGLU feed-forward, a residual. `block` is that layer body, written 
   - one sequence on a cache per layer (lesson 03's caches), attention by kvlesson.layer.attend, step's second half;
   - the same with fused weights (kvlesson.weights.layout.fuse): Q, K and V come from one product, gate and up from
     another, and nothing else changes;
-  - a batch of sequences on one paged pool (kvlesson.serving.batch), each bringing any number of new tokens: the
-    caches are views of the pool and `attend` is the batch's own, which reads each sequence's pages.
+  - a batch of sequences on one paged pool (kvlesson.serving.forward), each bringing any number of new tokens: the
+    caches are views of the pool and `attend` is the batch's own, which reads each sequence's pages;
+  - one shard of the heads on each of several processes (kvlesson.parallel): the weights are a view of each rank's
+    heads, and `reduce` sums the partial products of attention's output and the feed-forward's down projection
+    across the ranks (an all-reduce) before each is added to the residual.
+A forward pass is all or nothing: if it is cut short (Ctrl-C, an error), every cache is put back as it was.
 Weights are a dict keyed by the GGUF tensor names (blk.0.attn_q.weight, ...), each matrix stored [in, out] so every
 projection is x @ W.
 """
 import dataclasses
+from collections.abc import Callable, Sized
 
 import numpy as np
 
-from kvlesson import validate
-from kvlesson.cache import KVCache, StaticKVCache
+from kvlesson import atomic, validate
+from kvlesson.cache import KVCache, StaticKVCache, checkpoint
 from kvlesson.configs import Config
 from kvlesson.layer import attend, project
 
+Reduce = Callable[[np.ndarray], np.ndarray]  # [T, D] this process's partial sum -> [T, D] the sum over all of them
 
-def forward(cfg, w, ids, caches, *, attend=attend, rows=None):
+
+def forward(cfg: Config, w: dict, ids, caches: list, *, attend=attend, rows: np.ndarray | None = None,
+            reduce: Reduce | None = None) -> np.ndarray:
     """[T] token ids -> [T, vocab] logits, appending the T new tokens to `caches` (one per layer).
 
     attend(q, k, v, cache, rope_base=, interleaved=) -> [T, H*d] is how attention reads a cache: kvlesson.layer.attend
-    (the default) for one sequence, kvlesson.serving.batch.attend for a batch on a paged pool. rows: only these rows'
-    logits (a batch wants each sequence's last), so the [T, vocab] product is never made for the rest.
+    (the default) for one sequence, kvlesson.serving.forward.attend for a batch on a paged pool. rows: only these rows'
+    logits (a batch wants each sequence's last), so the [T, vocab] product is never made for the rest. reduce: how a
+    layer's two output products are summed over the processes that each hold some of its heads (None: one process).
     """
     x = w["token_embd.weight"][_checked(cfg, ids, caches)]  # [T, D]
-    for i, cache in enumerate(caches):
-        x = block(cfg, w, i, x, cache, attend)
+    with atomic.undo_on_error(*map(checkpoint, caches)):
+        for i, cache in enumerate(caches):
+            x = block(cfg, w, i, x, cache, attend, reduce)
     x = rms_norm(x if rows is None else x[rows], w["output_norm.weight"], cfg.norm_eps)
     return x @ w["output.weight"]  # [T, vocab]; tied models share token_embd, transposed
 
 
-def block(cfg, w, i, x, cache, attend=attend):
+def block(cfg: Config, w: dict, i: int, x: np.ndarray, cache, attend=attend, reduce: Reduce | None = None
+          ) -> np.ndarray:
     """[T, D] -> [T, D]: layer i. Attention over the cache, then the feed-forward, each added to the residual."""
     b = f"blk.{i}."
+    summed = reduce or (lambda partial: partial)
     h = rms_norm(x, w[b + "attn_norm.weight"], cfg.norm_eps)
     q, k, v = qkv(cfg, w, b, h)  # [H, T, d], [Hkv, T, d], [Hkv, T, d]: the new tokens only
     a = attend(q, k, v, cache, rope_base=cfg.rope_base, interleaved=cfg.rope_interleaved)  # [T, H*d]
-    x = x + a @ w[b + "attn_output.weight"]
+    x = x + summed(a @ w[b + "attn_output.weight"])
     h = rms_norm(x, w[b + "ffn_norm.weight"], cfg.norm_eps)
-    return x + swiglu(w, b, h) @ w[b + "ffn_down.weight"]
+    return x + summed(swiglu(w, b, h) @ w[b + "ffn_down.weight"])
 
 
 def _checked(cfg, ids, caches):
-    """-> int64 [T] ids, each in [0, vocab), after checking there is one cache per layer."""
+    """-> int64 [T] ids, each in [0, vocab), after checking there is one cache per layer and that the caches agree
+    on how many positions they hold (a pass cut short by something kvlesson could not undo leaves them disagreeing)."""
     if not isinstance(caches, (list, tuple)) or len(caches) != cfg.n_layers:
         of = f" of {len(caches)}" if isinstance(caches, (list, tuple)) else ""
         raise TypeError(f"caches must be a list of {cfg.n_layers} caches, one per layer (new_cache(cfg)); got "
                         f"{type(caches).__name__}{of}")
+    held = [len(c) for c in caches if isinstance(c, Sized)]  # a paged step's layer views hold many sequences
+    if len(set(held)) > 1:
+        raise ValueError(f"the layer caches disagree on how many positions they hold: {held}; make new ones")
     return validate.token_ids("ids", ids, cfg.vocab)  # a negative id would read the token table from its end
 
 
@@ -97,15 +113,17 @@ def new_cache(cfg, dtype=np.float32, static=True):
     return [KVCache(cfg.Hkv, cfg.d, dtype) for _ in range(cfg.n_layers)]
 
 
-def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32):
+def generate(cfg: Config, w: dict, ids, max_new_tokens: int, use_cache: bool = True, dtype=np.float32) -> list[int]:
     """Greedy decoding. Returns the new token ids only.
 
-    With the cache, the prompt is prefilled once and each step feeds one token.
-    Without it, each step re-runs the whole sequence through fresh caches (recompute).
+    With the cache, the prompt is prefilled once and each step feeds one token, on caches sized to what the request
+    can reach: caches for the model's whole context would make every call allocate, and fault in, far more memory
+    than it uses (lesson 14's clock once measured that instead of speculation). Without it, each step re-runs the
+    whole sequence through fresh caches (recompute).
     """
     ids = [int(i) for i in ids]
     out = []
-    caches = new_cache(cfg, dtype)
+    caches = new_cache(with_max_len(cfg, len(ids) + max_new_tokens), dtype)
     logits = forward(cfg, w, ids, caches)  # prefill
     for _ in range(max_new_tokens):
         nxt = int(np.argmax(logits[-1]))
@@ -115,7 +133,7 @@ def generate(cfg, w, ids, max_new_tokens, use_cache=True, dtype=np.float32):
         if use_cache:
             logits = forward(cfg, w, [nxt], caches)
         else:
-            logits = forward(cfg, w, ids + out, new_cache(cfg, dtype))
+            logits = forward(cfg, w, ids + out, new_cache(with_max_len(cfg, len(ids) + len(out)), dtype))
     return out
 
 

@@ -29,8 +29,8 @@ import numpy as np
 from kvlesson import validate
 from kvlesson.sdpa import weighted_values
 
-__all__ = ["online_attention", "split_kv_attention", "empty_state", "online_update", "finish", "merge_partials",
-           "attention_backward"]
+__all__ = ["online_attention", "split_kv_attention", "partial_attention", "empty_state", "online_update", "finish",
+           "merge_partials", "attention_backward"]
 
 
 def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
@@ -49,10 +49,12 @@ def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
     qg, acc = _grouped_queries(q, Hkv)  # [Hkv, G*T, d], scaled by 1/sqrt(d)
     m, l, o = empty_state(qg.shape[:-1], d, acc)
     first = 0 if window is None else max(0, S - T + 1 - window)  # the oldest key any query still sees
+    pos_q = _queries(T, S)
     for start in range(first, S if T else 0, block):
         stop = min(start + block, S)
-        s = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, <= block]
-        vb, seen = _values(v, start, stop, acc, T, S, window)
+        pos_k = np.arange(start, stop)
+        s = _scores(qg, k[:, start:stop], acc, H // Hkv, pos_q, pos_k, window)  # [Hkv, G*T, <= block]
+        vb, seen = _values(v[:, start:stop], pos_q, pos_k, acc, window)
         m, l, o = online_update(m, l, o, s, vb, visible=seen)
     out, lse = _every_row_saw_its_own_key(*finish(m, l, o))
     out = out.reshape(H, T, d).astype(q.dtype, copy=False)
@@ -73,18 +75,51 @@ def split_kv_attention(q, k, v, *, splits=4, window=None):
     if T == 0:
         return np.zeros_like(q)
     qg, acc = _grouped_queries(q, Hkv)
+    pos_q = _queries(T, S)
     bounds = [S * i // splits for i in range(splits + 1)]
     outs, lses = [], []
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
         if stop == start:  # an empty slice has nothing to say; it would merge as the identity anyway
             continue
-        s = _scores(qg, k[:, start:stop], acc, H // Hkv, T, S, start, window)  # [Hkv, G*T, stop - start]
-        vb, seen = _values(v, start, stop, acc, T, S, window)
+        pos_k = np.arange(start, stop)
+        s = _scores(qg, k[:, start:stop], acc, H // Hkv, pos_q, pos_k, window)  # [Hkv, G*T, stop - start]
+        vb, seen = _values(v[:, start:stop], pos_q, pos_k, acc, window)
         out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s, vb, visible=seen))
         outs.append(out)  # [Hkv, G*T, d]; 0 for a row the slice's keys are all hidden from (causal or window)
         lses.append(lse)  # [Hkv, G*T]; -inf there, so it weighs nothing in the merge
     out, _ = _every_row_saw_its_own_key(*merge_partials(np.stack(outs), np.stack(lses)))
     return out.reshape(H, T, d).astype(q.dtype, copy=False)
+
+
+def partial_attention(q, k, v, pos_q, pos_k, *, window=None):
+    """Queries at positions pos_q [T] over keys at positions pos_k [S] -> (out [H, T, d], lse [H, T]), a partial
+    result that merge_partials combines with the partials of the other keys.
+
+    q [H, T, d], k and v [Hkv, S, d]; the positions are absolute, where each query and key sits in the whole text,
+    and need be neither contiguous nor in order: a block of a cache sharded over devices (kvlesson.parallel.ring).
+    Key j is visible to query i when pos_k[j] <= pos_q[i] (and pos_k[j] > pos_q[i] - window): lesson 04's offset
+    mask, computed from positions rather than from T and S. A row that sees no key here gets out 0 and lse -inf,
+    the merge's identity. Sums in float32 at least; out has the input dtype, lse the accumulation dtype.
+    """
+    q, k, v, window = validate.attention_inputs(q, k, v, window, offset=False)
+    H, T, d = q.shape
+    Hkv, S, _ = k.shape
+    pos_q, pos_k = _positions("pos_q", pos_q, T), _positions("pos_k", pos_k, S)
+    qg, acc = _grouped_queries(q, Hkv)  # [Hkv, G*T, d], scaled
+    s = _scores(qg, k, acc, H // Hkv, pos_q, pos_k, window)  # [Hkv, G*T, S], -inf where hidden
+    vb, seen = _values(v, pos_q, pos_k, acc, window)
+    out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s, vb, visible=seen))
+    return out.reshape(H, T, d).astype(q.dtype, copy=False), lse.reshape(H, T)
+
+
+def _positions(name, pos, n):
+    """-> int64 [n]: one absolute position per query or key, each a true integer at least 0."""
+    pos = np.asarray(pos)
+    if pos.shape != (n,) or (n and pos.dtype.kind not in "iu"):
+        raise ValueError(f"{name} must be {n} integer positions, one per row; got {pos.dtype} {pos.shape}")
+    if n and pos.min() < 0:
+        raise ValueError(f"{name} must be positions of the text, at least 0; got {pos.min()}")
+    return pos.astype(np.int64, copy=False)
 
 
 def online_update(m, l, o, s, v, *, visible=None):
@@ -171,7 +206,7 @@ def attention_backward(q, k, v, out, lse, d_out, *, block=128, window=None):
     dk, dv = np.zeros((Hkv, S, d), acc), np.zeros((Hkv, S, d), acc)
     for start in range(0, S if T else 0, block):
         stop = min(start + block, S)
-        s = _scores(qg, k[:, start:stop], acc, G, T, S, start, window)  # [Hkv, G*T, b], masked -inf
+        s = _scores(qg, k[:, start:stop], acc, G, _queries(T, S), np.arange(start, stop), window)  # masked -inf
         p = np.exp(s - L)  # the softmax weights themselves: exp(s - lse) needs no max and no sum
         kb, vb = k[:, start:stop].astype(acc, copy=False), v[:, start:stop].astype(acc, copy=False)
         dv[:, start:stop] = p.transpose(0, 2, 1) @ do
@@ -196,29 +231,35 @@ def empty_state(rows, d, acc):
     return np.full((*rows, 1), -np.inf, acc), np.zeros((*rows, 1), acc), np.zeros((*rows, d), acc)
 
 
-def _scores(qg, k, acc, G, T, S, start, window):
-    """Scores of all queries against keys start .. start + b - 1, masked with -inf: [Hkv, G*T, b]."""
+def _queries(T, S):
+    """[T] the positions of T queries that end S keys: S - T + i."""
+    return np.arange(S - T, S)
+
+
+def _scores(qg, k, acc, G, pos_q, pos_k, window):
+    """Scores of the queries at positions pos_q [T] against the keys k [Hkv, b, d] at positions pos_k [b], masked
+    with -inf where a key sits after the query (or a window or more behind it): [Hkv, G*T, b]."""
     Hkv, b, _ = k.shape
+    T = len(pos_q)
     with np.errstate(invalid="ignore"):  # inf * 0 in a product: nan, as attention has it
         s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, b]
-    visible = _visible(T, S, start, b, window)
+    visible = _visible(pos_q, pos_k, window)
     if not visible.all():
         s = np.where(visible, s.reshape(Hkv, G, T, b), -np.inf).reshape(Hkv, G * T, b)
     return s
 
 
-def _visible(T, S, start, b, window):
-    """-> bool [T, b]: which of the keys start .. start + b - 1 each query sees, query i at position S - T + i."""
-    pos_q = np.arange(S - T, S)[:, None]  # [T, 1]
-    pos_k = np.arange(start, start + b)[None, :]  # [1, b]
+def _visible(pos_q, pos_k, window):
+    """-> bool [T, b]: which of the keys at positions pos_k [b] each query at pos_q [T] sees (lesson 04's rule)."""
+    pos_q, pos_k = pos_q[:, None], pos_k[None, :]  # [T, 1], [1, b]
     visible = pos_k <= pos_q  # [T, b]
     if window is not None:
         visible &= pos_k > pos_q - window
     return visible
 
 
-def _values(v, start, stop, acc, T, S, window):
-    """-> (the values of keys start .. stop - 1 in dtype acc, [Hkv, b, d], and which keys each query sees, bool
-    [T, b]): that matters only to a value holding inf or nan, so for finite values it is None (and holds no memory)."""
-    vb = v[:, start:stop].astype(acc, copy=False)
-    return vb, None if np.isfinite(vb).all() else _visible(T, S, start, stop - start, window)
+def _values(v, pos_q, pos_k, acc, window):
+    """-> (v [Hkv, b, d] in dtype acc, and which keys each query sees, bool [T, b]): that matters only to a value
+    holding inf or nan, so for finite values it is None (and holds no memory)."""
+    v = v.astype(acc, copy=False)
+    return v, None if np.isfinite(v).all() else _visible(pos_q, pos_k, window)

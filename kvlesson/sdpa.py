@@ -82,20 +82,27 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = 
         qg = q.reshape(Hkv, G * T, d).astype(acc, copy=False)  # heads h = g*G .. g*G+G-1 share KV head g
         s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, S]
         s *= 1 / math.sqrt(d)  # a Python float is weak under NumPy 2: float32 stays float32
-        s = s.reshape(Hkv, G, T, S)
-        if mask is not None:
-            s = np.where(mask, s, -np.inf)
-        # subtract the row max so exp never overflows; every row keeps its own key, so the max is finite
-        top = s.max(axis=-1, keepdims=True)
-        if np.isposinf(top).any() and np.isfinite(q).all() and np.isfinite(k).all():
-            raise ValueError(f"attention scores overflow {acc}: some q . k / sqrt(d) is beyond "
-                             f"{np.finfo(acc).max:.3g} (inputs this large are out of range; normalise them)")
-        s -= top
-        p = np.exp(s, out=s).reshape(Hkv, G * T, S)
-        p /= p.sum(axis=-1, keepdims=True)
-    with np.errstate(over="ignore", invalid="ignore"):
+        p = softmax(s.reshape(Hkv, G, T, S), mask, q, k).reshape(Hkv, G * T, S)
         out = weighted_values(p, v.astype(acc, copy=False), mask)  # [Hkv, G*T, d]
     return out.reshape(H, T, d).astype(q.dtype, copy=False)
+
+
+def softmax(s: np.ndarray, mask: np.ndarray | None, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Scores s [..., S] (float32 or wider, written over), a bool mask that broadcasts to them or None, and the q and k
+    they came from -> p [..., S]: each row's softmax over the keys its mask keeps. Every row must keep one.
+
+    The row max is subtracted first, so exp never overflows; with every row keeping a key, the max is finite unless a
+    score itself overflowed, which for finite q and k is a ValueError (inputs that large are out of range)."""
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    top = s.max(axis=-1, keepdims=True)
+    if np.isposinf(top).any() and np.isfinite(q).all() and np.isfinite(k).all():
+        raise ValueError(f"attention scores overflow {s.dtype}: some q . k / sqrt(d) is beyond "
+                         f"{np.finfo(s.dtype).max:.3g} (inputs this large are out of range; normalise them)")
+    s -= top
+    p = np.exp(s, out=s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return p
 
 
 def weighted_values(p, v, visible=None):

@@ -28,9 +28,9 @@ import numbers
 
 import numpy as np
 
+from kvlesson import atomic, validate
 from kvlesson import model as _model
-from kvlesson import validate
-from kvlesson.cache import Cache, rules
+from kvlesson.cache import Cache, checkpoint, rules
 from kvlesson.sdpa import tree_depths, tree_mask
 
 __all__ = ["generate", "accept", "ngram", "EarlyExit", "rollback", "TreeCache", "verify_tree", "walk"]
@@ -57,31 +57,48 @@ def generate(model, ids, max_new_tokens, draft="ngram", k=4, temperature=0.0, rn
     stats = dict(drafted=0, accepted=0, target_passes=0, draft_passes=0)
     if n == 0:
         return [], stats
-    caches = _model.new_cache(_model.with_max_len(cfg, len(ids) + n), w["output.weight"].dtype)
-    logits = _model.forward(cfg, w, ids, caches)  # prefill: [len(ids), vocab]
-    out = [_sample(_distribution(logits[-1], temperature), rng)]  # the pending token: emitted, not yet cached
-    while len(out) < n:
-        room = n - len(out) - 1  # a round emits up to room + 1 tokens
-        drafts, q = propose(cfg, w, caches, ids + out, min(k, room), temperature, rng)
-        stats["drafted"] += len(drafts)
-        stats["draft_passes"] += 0 if q is None else len(drafts)
-        S = len(caches[0])
-        logits = _model.forward(cfg, w, [out[-1], *drafts], caches)  # verify: ONE pass over T = len(drafts) + 1
-        stats["target_passes"] += 1
-        p = np.stack([_distribution(row, temperature) for row in logits])  # [T, vocab]
-        q = _one_hot(drafts, p.shape[1]) if q is None else q  # a drafter that only names tokens proposes them surely
-        emitted = accept(p, q, drafts, rng)
-        stats["accepted"] += len(emitted) - 1
-        rollback(caches, S + len(emitted))  # the pending token and the accepted drafts stay; the rest go
-        out += emitted
+    state = rng.bit_generator.state  # the caches are this call's own; the generator is the caller's: put it back
+    with atomic.undo_on_error(lambda: setattr(rng.bit_generator, "state", state)):
+        caches = _model.new_cache(_model.with_max_len(cfg, len(ids) + n), w["output.weight"].dtype)
+        logits = _model.forward(cfg, w, ids, caches)  # prefill: [len(ids), vocab]
+        out = [_sample(_distribution(logits[-1], temperature), rng)]  # the pending token: emitted, not yet cached
+        while len(out) < n:
+            room = n - len(out) - 1  # a round emits up to room + 1 tokens
+            drafts, q = propose(cfg, w, caches, ids + out, min(k, room), temperature, rng)
+            stats["drafted"] += len(drafts)
+            stats["draft_passes"] += 0 if q is None else len(drafts)
+            S = len(caches[0])
+            logits = _model.forward(cfg, w, [out[-1], *drafts], caches)  # verify: ONE pass over T = len(drafts) + 1
+            stats["target_passes"] += 1
+            p = np.stack([_distribution(row, temperature) for row in logits])  # [T, vocab]
+            q = _one_hot(drafts, p.shape[1]) if q is None else q  # a drafter naming tokens proposes them surely
+            emitted = accept(p, q, drafts, rng)
+            stats["accepted"] += len(emitted) - 1
+            rollback(caches, S + len(emitted))  # the pending token and the accepted drafts stay; the rest go
+            out += emitted
     return out, stats
 
 
-def rollback(caches, n):
+def rollback(caches: list, n: int) -> None:
     """Truncate every cache to its first n positions: after a verify pass, the prompt, the pending token and the
-    accepted drafts. Without it the next round's queries attend over the keys of rejected drafts."""
-    for cache in caches:
-        cache.truncate(n)
+    accepted drafts. Without it the next round's queries attend over the keys of rejected drafts. Every cache is
+    checked first (n between the furthest each can roll back and what it holds); a refused rollback truncates none."""
+    if isinstance(caches, (str, bytes)) or not hasattr(caches, "__len__"):
+        raise TypeError(f"caches must be a list of caches, one per layer; got {type(caches).__name__}")
+    n = validate.integer("n", n)
+    for i, cache in enumerate(caches):
+        if not hasattr(cache, "truncate"):
+            raise TypeError(f"caches[{i}] ({type(cache).__name__}) has no truncate(n): it cannot roll back")
+        if n > len(cache):
+            raise ValueError(f"rollback(n={n}): caches[{i}] holds only {len(cache)} positions "
+                             f"(the caches hold {[len(c) for c in caches]})")
+    # a ring buffer knows how far back it can go only by trying: whichever refuses, the others are put back
+    with atomic.undo_on_error(*map(checkpoint, caches)):
+        for i, cache in enumerate(caches):
+            try:
+                cache.truncate(n)
+            except ValueError as e:
+                raise ValueError(f"rollback(n={n}): caches[{i}] refused, so none was truncated: {e}") from None
 
 
 # ---- the rule
@@ -272,6 +289,14 @@ class TreeCache(Cache):
         self.inner.truncate(self.S)
         self.inner.append(k[:, path], v[:, path])  # node at depth j to position S + j, rotated there already
 
+    def checkpoint(self):
+        inner, new = checkpoint(self.inner), self._new
+
+        def restore():
+            inner()
+            self._new = new
+        return restore
+
     def _check_nodes(self, T):
         if T != len(self.parents):
             raise ValueError(f"this TreeCache was made for {len(self.parents)} nodes; got T={T} new tokens")
@@ -341,13 +366,8 @@ def _model_parts(model):
 
 def _checked(model, ids, max_new_tokens, draft, k, temperature, rng):
     cfg, w = _model_parts(model)
-    ids = validate.token_ids("ids", ids, cfg.vocab).tolist()
-    n = validate.integer("max_new_tokens", max_new_tokens)
+    ids, n = validate.request(ids, max_new_tokens, cfg.vocab, cfg.max_len)
     k = validate.integer("k", k)
-    if not ids:
-        raise ValueError("ids is empty: need at least one prompt token to predict the next one")
-    if len(ids) + n > cfg.max_len:
-        raise ValueError(f"ids: {len(ids)} prompt + {n} new tokens exceed the context of {cfg.max_len} positions")
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a real number; got temperature={temperature!r}")
     temperature = float(temperature)

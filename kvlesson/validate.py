@@ -15,7 +15,8 @@ import operator
 
 import numpy as np
 
-__all__ = ["integer", "window", "positive", "floats", "same_dtype", "token_ids", "parents"]
+__all__ = ["integer", "window", "positive", "floats", "same_dtype", "token_ids", "request", "real",
+           "parents"]
 
 
 def integer(name, value, minimum=0):
@@ -46,6 +47,16 @@ def positive(name, value):
     x = float(value)
     if not (math.isfinite(x) and x > 0):
         raise ValueError(f"{name} must be finite and above 0; got {name}={value!r}")
+    return x
+
+
+def real(name, value, minimum=-math.inf):
+    """-> float. A finite real number of at least `minimum` (an arrival time, a temperature); bool refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {name}={value!r} ({type(value).__name__})")
+    x = float(value)
+    if not (math.isfinite(x) and x >= minimum):
+        raise ValueError(f"{name} must be finite and at least {minimum:g}; got {name}={value!r}")
     return x
 
 
@@ -125,9 +136,23 @@ def parents(value, name="parents"):
     return out
 
 
-def attention_inputs(q, k, v, window=None):
+def request(ids, max_new_tokens, vocab, max_len, *, name="ids", at_least=0):
+    """-> (ids as a list of ints, n): a prompt of at least one token id in [0, vocab), and max_new_tokens, an integer
+    of at least `at_least`, such that the prompt and the new tokens fit a context of max_len positions. The one check
+    every way of generating makes (Model.generate, both engines, speculative decoding) before anything moves."""
+    ids = token_ids(name, ids, vocab).tolist()
+    n = integer("max_new_tokens", max_new_tokens, minimum=at_least)
+    if not ids:
+        raise ValueError(f"{name} is empty: need at least one prompt token to predict the next one")
+    if len(ids) + n > max_len:
+        raise ValueError(f"{name}: {len(ids)} prompt + max_new_tokens={n} exceed the context of {max_len} positions")
+    return ids, n
+
+
+def attention_inputs(q, k, v, window=None, *, offset=True):
     """-> (q, k, v, window), checked: q [H, T, d], k and v [Hkv, S, d] of one float dtype, H a multiple of Hkv,
-    T <= S, and a window that is None or a positive integer. Every attention in the package checks its inputs here."""
+    T <= S, and a window that is None or a positive integer. Every attention in the package checks its inputs here.
+    offset=False drops T <= S, for queries and keys whose positions are given apiece (online.partial_attention)."""
     q, k, v = floats("q", q), floats("k", k), floats("v", v)
     window = _window(window)
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
@@ -141,7 +166,7 @@ def attention_inputs(q, k, v, window=None):
         raise ValueError(f"the head dim d must be at least 1; got q {q.shape}")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"H={H} query heads must be a multiple of Hkv={Hkv} KV heads (q {q.shape}, k {k.shape})")
-    if T > S:
+    if offset and T > S:
         raise ValueError(f"more queries than keys: T={T} > S={S} (q {q.shape}, k {k.shape})")
     same_dtype(q=q, k=k, v=v)
     return q, k, v, window

@@ -2,7 +2,7 @@
 
 Measured side by side in one run on SmolLM2-135M-Instruct, float32, on prompts built from the chat template and
 the shipped text:
-  - batched decode (kvlesson.serving.batch.decode_step over paged pools) at batch 1 to 64: time per step and
+  - batched decode (kvlesson.serving.forward.decode_step over paged pools) at batch 1 to 64: time per step and
     tokens/s, each batch against batch 1 of the same round, and batch 1 against the plain model.forward decode step
     of lesson 08;
   - the batched step's attention vectorised across sequences (one gather through the block tables) against a Python
@@ -35,6 +35,8 @@ from kvlesson import configs, llama  # noqa: E402
 from kvlesson.costs import roofline
 from kvlesson.sdpa import attention  # noqa: E402
 from kvlesson.serving import batch
+from kvlesson.serving.forward import decode_step, model_pool, prefill_step
+from kvlesson.serving.paged import read_pages, request_blocks
 from kvlesson.text import long_text  # noqa: E402
 
 THREADS = int(os.environ["OPENBLAS_NUM_THREADS"])
@@ -71,9 +73,9 @@ class Prefilled:
     def __init__(self, model, ids, room):
         self.cfg, self.w = model.config, model.weights
         need = sum(-(-len(p) // 16) + -(-room // 16) + 2 for p in ids)  # prompt, then each fork's copy and growth
-        self.pool = batch.model_pool(self.cfg, need)
+        self.pool = model_pool(self.cfg, need)
         self.seqs = [self.pool.new_sequence() for _ in ids]
-        self.first = batch.prefill_step(self.cfg, self.w, self.pool, self.seqs, ids).argmax(axis=-1).tolist()
+        self.first = prefill_step(self.cfg, self.w, self.pool, self.seqs, ids).argmax(axis=-1).tolist()
 
     def decode(self, B, steps):
         """Median seconds of one batched decode step of the first B sequences."""
@@ -81,7 +83,7 @@ class Prefilled:
         tokens, times = self.first[:B], []
         for _ in range(steps):
             t = time.perf_counter()
-            logits = batch.decode_step(self.cfg, self.w, self.pool, forks, tokens)
+            logits = decode_step(self.cfg, self.w, self.pool, forks, tokens)
             times.append(time.perf_counter() - t)
             tokens = logits.argmax(axis=-1).tolist()
         for s in forks:
@@ -89,12 +91,12 @@ class Prefilled:
         return statistics.median(times)
 
 def loop_decode_attention(q, K, V, tables, lengths):
-    """batch.decode_attention as a Python loop over the sequences: each gathers its own pages (batch.pages) and calls
+    """decode_attention as a Python loop over the sequences: each gathers its own pages (paged.read_pages) and calls
     kvlesson.attention, one sequence at a time (the projections stay one product per weight for all)."""
     out = np.empty_like(q)  # [H, B, d]
     for b, (table, L) in enumerate(zip(tables, lengths, strict=True)):
-        Kb, Vb = batch.pages(K, V, table, L)  # [Hkv, L, d]
-        out[:, b : b + 1] = attention(q[:, b : b + 1], Kb, Vb)
+        Kb, Vb = read_pages(K, V, table[None], L)  # [Hkv, 1, L, d]
+        out[:, b : b + 1] = attention(q[:, b : b + 1], Kb[:, 0], Vb[:, 0])
     return out
 
 
@@ -116,7 +118,8 @@ def prefill_seconds(model, ids):
 def latencies(model, ids, n, max_batch):
     """Requests submitted together -> (time to first token of each, time per output token of each), seconds."""
     cfg = model.config
-    engine = batch.Batcher(cfg, model.weights, n_blocks=sum(-(-(len(p) + n) // 16) for p in ids), max_batch=max_batch)
+    n_blocks = sum(request_blocks(len(p), n, 16) for p in ids)
+    engine = batch.Batcher(cfg, model.weights, n_blocks=n_blocks, max_batch=max_batch)
     reqs = [engine.submit(p, n) for p in ids]
     first, last, t0 = {}, {}, time.perf_counter()
     while not engine.done:
@@ -227,7 +230,7 @@ def decode_tables(model, ids, args):
             row[f"chunk {B}"] = chunk_seconds(model, text[:B])
         for B in args.loop_batches:
             if B <= max(args.batches):
-                with mock.patch.object(batch, "decode_attention", loop_decode_attention):
+                with mock.patch("kvlesson.serving.forward.decode_attention", loop_decode_attention):
                     row[f"loop {B}"] = pre.decode(B, args.steps)
         row["prefill"] = prefill_seconds(model, model.tokenizer.encode(long_text())[:128])
         rounds.append(row)

@@ -1,8 +1,8 @@
 """Four engines on SmolLM2 against the arrival rate, in seconds: `python scripts/bench_engine.py`
 
 Lesson 13's measurement, longer than a lesson can afford. A seeded Poisson trace of chat requests over the shipped
-text (kvlesson.serving.engine.chat_trace: one system prompt for all, a passage of the text each), arrivals in seconds,
-replayed (engine.replay, clock="seconds": each step lasts what it took; when nothing runs, the clock jumps to the next
+text (kvlesson.serving.trace.chat_trace: one system prompt for all, a passage of the text each), arrivals in seconds,
+replayed (trace.replay, clock="seconds": each step lasts what it took; when nothing runs, the clock jumps to the next
 arrival) through:
   (a) lesson 09's Batcher: worst-case admission, whole prompts in a pass of their own;
   (b) Engine: admission on current need, whole prompts (a budget larger than any prompt), no prefix caching;
@@ -23,7 +23,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count()))  # before num
 import numpy as np  # noqa: E402
 
 from kvlesson import llama  # noqa: E402
-from kvlesson.serving import Engine, batch, engine  # noqa: E402
+from kvlesson.serving import Engine, batch, trace  # noqa: E402
 
 STALL = 1.5  # an engine's busy time this many times its median over rounds marks the round as stalled
 ENGINES = ("(a) lesson 09", "(b) on need", "(c) + chunks", "(d) + cache")
@@ -41,11 +41,11 @@ def engines(model, n_blocks, budget, max_seqs):
                                        prefix_caching=True)}
 
 
-def measure(model, trace, makers):
+def measure(model, requests, makers):
     """One round at one rate -> ({engine: summary}, {engine: busy seconds}, whether all gave the same tokens)."""
     out, busy, outputs = {}, {}, []
     for name, make in makers.items():
-        r = engine.replay(make(), trace, clock="seconds")
+        r = trace.replay(make(), requests, clock="seconds")
         out[name], busy[name] = r.summary(), float(r.step_seconds.sum())
         outputs.append(r.outputs)
     return out, busy, all(o == outputs[0] for o in outputs)
@@ -90,7 +90,7 @@ def main(argv=None):
           f"Python {sys.version.split()[0]}, numpy {np.__version__}, OPENBLAS_NUM_THREADS="
           f"{os.environ['OPENBLAS_NUM_THREADS']}; load average at start {os.getloadavg()[0]:.2f}")
     makers = engines(model, args.n_blocks, args.budget, args.max_seqs)
-    traces = {rate: engine.chat_trace(model, rate, args.requests, args.new) for rate in args.rates}
+    traces = {rate: trace.chat_trace(model, rate, args.requests, args.new) for rate in args.rates}
     lengths = [len(p) for _, p, _ in traces[args.rates[0]]]
     print(f"{args.requests} chat requests of {min(lengths)} to {max(lengths)} prompt tokens, {args.new} new tokens "
           f"each; a pool of {args.n_blocks} blocks of 16, at most {args.max_seqs} sequences, budget {args.budget}; "

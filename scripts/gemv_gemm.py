@@ -35,7 +35,7 @@ def measure(rounds):
     from threadpoolctl import threadpool_info
 
     from kvlesson import llama
-    from kvlesson.serving import batch
+    from kvlesson.serving.forward import decode_step, model_pool, prefill_step
 
     blas = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
     model = llama.load()
@@ -51,17 +51,17 @@ def measure(rounds):
             rows[m.shape[0]][:B] @ m
         return time.perf_counter() - start
 
-    pool = batch.model_pool(cfg, n_blocks=128)
+    pool = model_pool(cfg, n_blocks=128)
     prompts = [tok.encode(model.chat_prompt(f"Tell me fact number {i + 1} about the sea.")) for i in range(16)]
     seqs = [pool.new_sequence() for _ in prompts]
-    firsts = batch.prefill_step(cfg, w, pool, seqs, prompts).argmax(axis=-1).tolist()
+    firsts = prefill_step(cfg, w, pool, seqs, prompts).argmax(axis=-1).tolist()
 
     def step(B):
         forks = [pool.fork(s) for s in seqs[:B]]
         tokens = firsts[:B]
-        tokens = batch.decode_step(cfg, w, pool, forks, tokens).argmax(axis=-1).tolist()  # untimed
+        tokens = decode_step(cfg, w, pool, forks, tokens).argmax(axis=-1).tolist()  # untimed
         start = time.perf_counter()
-        batch.decode_step(cfg, w, pool, forks, tokens)
+        decode_step(cfg, w, pool, forks, tokens)
         seconds = time.perf_counter() - start
         for s in forks:
             pool.free(s)

@@ -5,7 +5,7 @@ one sequence's forward, where attention costs almost nothing). The gap between t
 over every sequence's pages, so this script times that attention alone, on the inputs of a real step: SmolLM2, the
 64 chat prompts of scripts/bench_batch.py prefilled into one pool, every layer's queries and pool captured from one
 decode step. Three ways to do it, each checked against the others:
-  - gathered: kvlesson.serving.batch.decode_attention, which copies each sequence's pages into one padded array;
+  - gathered: kvlesson.serving.forward.decode_attention, which copies each sequence's pages into one padded array;
   - in place: each block of the pool against its own sequence's queries where it lies (no copy of K or V), one
     partial softmax per block, merged per sequence by a 0/1 matrix product (flash-decoding over pages);
   - two threads: the gathered way on each half of the sequences at once (numpy lets go of the GIL in its loops).
@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from bench_batch import Prefilled, chunk_seconds, prompts  # noqa: E402
 
 from kvlesson import llama  # noqa: E402
-from kvlesson.serving import batch  # noqa: E402
+from kvlesson.serving.forward import decode_attention, decode_step  # noqa: E402
 from kvlesson.text import long_text  # noqa: E402
 
 
@@ -82,23 +82,23 @@ def in_place(q, K, V, pages):
 def two_threads(pool):
     def attend(q, K, V, tables, lengths):
         h = q.shape[1] // 2
-        a = pool.submit(batch.decode_attention, q[:, :h], K, V, tables[:h], lengths[:h])
-        b = pool.submit(batch.decode_attention, q[:, h:], K, V, tables[h:], lengths[h:])
+        a = pool.submit(decode_attention, q[:, :h], K, V, tables[:h], lengths[:h])
+        b = pool.submit(decode_attention, q[:, h:], K, V, tables[h:], lengths[h:])
         return np.concatenate([a.result(), b.result()], axis=1)
     return attend
 
 
 def captured(pre, B):
     """Every layer's decode_attention arguments from one decode step of the first B prefilled sequences."""
-    calls, real = [], batch.decode_attention
+    calls, real = [], decode_attention
 
     def grab(*args):
         calls.append(args)
         return real(*args)
 
     forks = [pre.pool.fork(s) for s in pre.seqs[:B]]
-    with mock.patch.object(batch, "decode_attention", grab):
-        batch.decode_step(pre.cfg, pre.w, pre.pool, forks, pre.first[:B])
+    with mock.patch("kvlesson.serving.forward.decode_attention", grab):
+        decode_step(pre.cfg, pre.w, pre.pool, forks, pre.first[:B])
     return calls  # the forks are kept: their pages are what the calls read
 
 
@@ -113,7 +113,7 @@ def main(argv=None):
     calls = captured(pre, args.batch)
     plans = [InPlace(tables, lengths, K.shape[2]) for _, K, _, tables, lengths in calls]
     threads = ThreadPoolExecutor(2)
-    ways = {"gathered": lambda i: batch.decode_attention(*calls[i]),
+    ways = {"gathered": lambda i: decode_attention(*calls[i]),
             "in place": lambda i: in_place(*calls[i][:3], plans[i]),
             "two threads": lambda i: two_threads(threads)(*calls[i])}
     ref = [ways["gathered"](i) for i in range(len(calls))]

@@ -1,12 +1,18 @@
 """Helpers the test files share: the random layers every cache path is checked on, the paged-pool referee, a buggy
 reserve. One place for each, so that no test file calls into another's tests."""
+import math
+from types import SimpleNamespace
+from unittest import mock
+
 import numpy as np
 from hypothesis import strategies as st
 
 from kvlesson import KVCache, StaticKVCache, WindowKVCache, step
 from kvlesson import model as kvmodel
-from kvlesson.serving import batch
+from kvlesson.serving import Engine, engine
+from kvlesson.serving.forward import decode_step, model_pool, prefill_step, run
 from kvlesson.serving.padding import pad_left, padded_step
+from kvlesson.serving.paged import PagedKVCache
 from kvlesson.weights.layout import fuse
 from tests.reference import full_pass
 
@@ -155,12 +161,12 @@ def decode_matches_alone(c):
     """Prefill prompts one by one, decode them in batches in which sequences leave and join: each step's logits of
     each sequence against model.forward on a KVCache of its own, to 1e-12 in float64."""
     w = kvmodel.random_weights(TINY, seed=c["seed"], dtype=np.float64)
-    pool = batch.model_pool(TINY, 64, c["block_size"], np.float64)
+    pool = model_pool(TINY, 64, c["block_size"], np.float64)
     alone = {}  # sequence -> its own KVCache list, fed the same tokens through model.forward
     seqs, tokens = [], []
     for p in c["prompts"]:
         s = pool.new_sequence()
-        mine = batch.prefill_step(TINY, w, pool, [s], [p])[0]
+        mine = prefill_step(TINY, w, pool, [s], [p])[0]
         alone[s] = kvmodel.new_cache(TINY, np.float64, static=False)
         np.testing.assert_allclose(mine, kvmodel.forward(TINY, w, p, alone[s])[-1], rtol=0, atol=1e-12)
         seqs.append(s)
@@ -175,7 +181,7 @@ def decode_matches_alone(c):
 
 
 def _decode_and_check(w, pool, seqs, tokens, alone):
-    logits = batch.decode_step(TINY, w, pool, seqs, tokens)  # [B, vocab]
+    logits = decode_step(TINY, w, pool, seqs, tokens)  # [B, vocab]
     for s, t, row in zip(seqs, tokens, logits, strict=True):
         np.testing.assert_allclose(row, kvmodel.forward(TINY, w, [t], alone[s])[0], rtol=0, atol=1e-12)
     return logits.argmax(axis=-1).tolist()
@@ -197,7 +203,7 @@ def mix_matches_alone(c):
     w = kvmodel.random_weights(TINY, seed=c["seed"], dtype=np.float64)
     w = fuse(TINY, w) if c["fused"] else w
     rng = np.random.default_rng(c["seed"])
-    pool = batch.model_pool(TINY, 200, c["block_size"], np.float64)
+    pool = model_pool(TINY, 200, c["block_size"], np.float64)
     seqs = [pool.new_sequence() for _ in c["steps"][0]]
     alone = {s: kvmodel.new_cache(TINY, np.float64, static=False) for s in seqs}
     for i, counts in enumerate(c["steps"]):
@@ -210,7 +216,7 @@ def mix_matches_alone(c):
         if len(seqs) > len(counts):
             counts = counts + [counts[c["fork"]]]
         new = [rng.integers(0, TINY.vocab, T).tolist() for T in counts]
-        got = batch.run(TINY, w, pool, seqs, new)  # [B', vocab]: sequences that brought tokens, in order
+        got = run(TINY, w, pool, seqs, new)  # [B', vocab]: sequences that brought tokens, in order
         want = [kvmodel.forward(TINY, w, ids, alone[s])[-1] for s, ids in zip(seqs, new, strict=True) if ids]
         assert got.shape == (len(want), TINY.vocab)
         for row, ref in zip(got, want, strict=True):
@@ -270,3 +276,198 @@ def errors(c):
         worst_out = max(worst_out, np.abs(out - o).max())
         worst_cache = max(worst_cache, np.abs(K - k).max(), np.abs(V - v).max())
     return worst_out, worst_cache
+
+
+# ---- the scheduler against each request alone (test_engine, test_interrupts)
+
+ENGINE_TINY = kvmodel.tiny_config(n_layers=2, max_len=128)
+ENGINE_WEIGHTS = {seed: kvmodel.random_weights(ENGINE_TINY, seed=seed, dtype=np.float64) for seed in range(3)}
+
+
+def tiny_model(seed=0, dtype=np.float64):
+    w = ENGINE_WEIGHTS[seed] if dtype == np.float64 else kvmodel.random_weights(ENGINE_TINY, seed=seed, dtype=dtype)
+    return SimpleNamespace(config=ENGINE_TINY, weights=w)
+
+
+def generate_alone(model, prompt, n, stops=()):
+    """model.generate on the prompt alone, cut after the first stop id."""
+    out = kvmodel.generate(model.config, model.weights, prompt, n, dtype=model.weights["output.weight"].dtype)
+    cut = next((i + 1 for i, t in enumerate(out) if t in stops), len(out))
+    return out[:cut]
+
+
+# ---- a trace and what to check after every step
+
+
+@st.composite
+def traces(draw):
+    """Requests whose prompts are built from a few shared blocks of tokens (so that equal blocks follow different
+    prefixes, and prefixes repeat) and a random tail, arriving at random steps, on a pool just big enough for the
+    longest request or a few blocks more."""
+    bs = draw(st.sampled_from([2, 3, 4, 8]))
+    token = st.integers(0, ENGINE_TINY.vocab - 1)
+    pieces = [draw(st.lists(token, min_size=bs, max_size=bs)) for _ in range(3)]
+    requests = []
+    for _ in range(draw(st.integers(1, 6))):
+        head = [t for i in draw(st.lists(st.integers(0, 2), max_size=4)) for t in pieces[i]]
+        prompt = head + draw(st.lists(token, min_size=0 if head else 1, max_size=bs + 2))
+        requests.append(dict(prompt=prompt, new=draw(st.integers(1, 8)), arrival=draw(st.integers(0, 6)),
+                             stop=draw(st.sampled_from([None, None, 0, 1, 3]))))  # stop at the k-th token's id
+    longest = max(math.ceil((len(r["prompt"]) + r["new"] - 1) / bs) for r in requests)
+    max_seqs = draw(st.integers(1, 4))
+    return dict(requests=requests, block_size=bs, n_blocks=longest + draw(st.sampled_from([0, 0, 1, 3])),
+                max_seqs=max_seqs, budget=draw(st.integers(max_seqs, max_seqs + 12)),
+                preemption=draw(st.sampled_from(engine.PREEMPTION)), prefix_caching=draw(st.booleans()),
+                seed=draw(st.integers(0, 2)))
+
+
+def accounts(pool):
+    """refs[b] counts the block tables that point at b (so it is never negative); a block nobody points at is either
+    free or cached, never both; a cached block is one the cache knows."""
+    counts = np.zeros(pool.n_blocks, int)
+    for table in (pool.block_table(s) for s in pool.sequences):
+        np.add.at(counts, table, 1)
+    assert counts.tolist() == pool.refs and min(pool.refs) >= 0, f"refs {pool.refs}, tables count {counts.tolist()}"
+    free, idle = set(pool._free), set(pool._idle)
+    assert len(free) == len(pool._free) and not free & idle, "a block is on the free list twice, or free and cached"
+    assert free | idle == {b for b in range(pool.n_blocks) if counts[b] == 0}
+    assert idle <= set(pool._key_of) and all(pool._block_of[k] == b for b, k in pool._key_of.items())
+
+
+def serve(c, make=Engine, interrupts=None):
+    """Run the trace step by step, checking after every step -> (model, requests with their rids, the stream)."""
+    model = tiny_model(c["seed"])
+    eng = make(model, c["n_blocks"], c["block_size"], c["budget"], c["max_seqs"], c["prefix_caching"],
+               c["preemption"])
+    for r in c["requests"]:
+        r["stops"] = () if r["stop"] is None else tuple(generate_alone(model, r["prompt"], r["new"])[r["stop"]:][:1])
+    calls = []
+
+    def spy(cfg, w, pool, seqs, new_ids):
+        logits = run(cfg, w, pool, seqs, new_ids)
+        calls.append(sum(map(len, new_ids)))
+        return logits
+
+    stream, decoding, clock = {}, set(), 0
+    with mock.patch.object(engine, "run", spy):
+        while clock <= max(r["arrival"] for r in c["requests"]) or not eng.done:
+            for r in c["requests"]:
+                if r["arrival"] == clock:
+                    r["rid"] = eng.submit(r["prompt"], r["new"], r["stops"])
+                    stream[r["rid"]] = []
+            clock += 1
+            if eng.done:
+                continue
+            before = len(calls)
+
+            def attempt(before=before):
+                del calls[before:]  # a pass whose step was then undone does not count
+                return eng.step()
+            out = attempt() if interrupts is None else survive(attempt, lambda: engine_state(eng), eng.pool, interrupts)
+            assert len(calls) == before + 1, "a step must be one forward pass"
+            assert calls[-1] <= c["budget"], f"a step processed {calls[-1]} tokens; max_batch_tokens={c['budget']}"
+            got, log = {rid for rid, _ in out}, eng.log[-1]
+            skipped = decoding - got - set(log["preempted"])
+            assert not skipped, f"decoding requests {sorted(skipped)} got no token and were not preempted"
+            assert [rid for rid, _ in out] == sorted(got), "step() emits in submission order, one token each"
+            for rid, token in out:
+                stream[rid].append(token)
+            decoding = {rid for rid in got if not eng.requests[rid].done}
+            accounts(eng.pool)
+    return model, eng, stream
+
+
+def check_trace(c, make=Engine, interrupts=None):
+    model, eng, stream = serve(c, make, interrupts)
+    outputs = eng.run() if interrupts is None else survive(eng.run, lambda: engine_state(eng), eng.pool, interrupts)
+    for r in c["requests"]:
+        want = generate_alone(model, r["prompt"], r["new"], r["stops"])
+        assert stream[r["rid"]] == want, f"request {r['rid']}: streamed {stream[r['rid']]}, alone {want}"
+        assert outputs[r["rid"]] == want
+    pool = eng.pool
+    assert pool.refs == [0] * pool.n_blocks and pool.blocks_free == pool.n_blocks, "a block was never given back"
+    assert len(pool._free) + len(pool._idle) == pool.n_blocks
+    return eng
+
+
+# ---- Ctrl-C anywhere: every stateful call happens whole or not at all (test_interrupts, test_engine)
+
+
+class Interrupts:
+    """KeyboardInterrupt at chosen moments, as a learner's stop button raises it at whatever line is running: the k-th
+    time a run reaches one of the places below raises, for every k in `at`. The places: before and after every layer
+    of every forward pass (kvlesson.model.block), and after each pool method that moves state, once it has moved it."""
+
+    POOL = ("reserve", "publish", "swap_out", "swap_in", "free", "new_sequence", "new_cached_sequence", "truncate")
+
+    def __init__(self, at, armed=True):
+        self.at, self.reached, self.fired, self.armed = set(at), 0, 0, armed
+
+    def point(self):
+        if not self.armed:  # a reference computed beside the run under test
+            return
+        self.reached += 1
+        if self.reached in self.at:
+            self.fired += 1
+            raise KeyboardInterrupt
+
+    def __enter__(self):
+        block = kvmodel.block
+
+        def interrupted_block(*args, **kwargs):
+            self.point()
+            x = block(*args, **kwargs)
+            self.point()
+            return x
+        self._patches = [mock.patch.object(kvmodel, "block", interrupted_block)]
+        for name in self.POOL:
+            self._patches.append(mock.patch.object(PagedKVCache, name, self._after(getattr(PagedKVCache, name))))
+        for p in self._patches:
+            p.start()
+        return self
+
+    def _after(self, method):
+        def interrupted(*args, **kwargs):
+            out = method(*args, **kwargs)
+            self.point()
+            return out
+        return interrupted
+
+    def __exit__(self, *exc):
+        for p in reversed(self._patches):
+            p.stop()
+
+
+def survive(call, state, pool, interrupts):
+    """call() again after each KeyboardInterrupt, as a learner re-runs a cell -> what it returns at last. Only call()
+    is interrupted; after every interrupt the state (state() and the pool's) must be exactly what it was before the
+    call, and the pool whole."""
+    while True:
+        before = state(), pool_state(pool)
+        try:
+            interrupts.armed = True
+            return call()
+        except KeyboardInterrupt:
+            assert (state(), pool_state(pool)) == before, "an interrupted call moved state"
+            accounts(pool)
+        finally:
+            interrupts.armed = False
+
+
+def pool_state(pool):
+    """Everything of a pool a later call can see: tables, lengths, counts, free and idle order, cache keys, each
+    sequence's keys and values at the positions it holds, and those of every block the prefix cache keeps unused
+    (what lies past a sequence's length is never read, so it may differ)."""
+    held = [b"".join(a.tobytes() for a in pool.gather(s)) for s in pool.sequences]
+    idle = sorted(pool._idle)
+    return (repr(pool._tables), repr(pool._lens), list(pool.refs), list(pool._free), list(pool._idle),
+            repr(sorted(pool._key_of.items())), repr(pool._keys), pool._next_id, held,
+            pool.k[:, idle].tobytes(), pool.v[:, idle].tobytes())
+
+
+def engine_state(eng):
+    """An Engine's queues, every request's progress, its counts and its log."""
+    fields = ("tokens", "seq", "first", "last", "hit_tokens", "preemptions", "held")
+    return (repr([[r.id for r in q] for q in (eng.waiting, eng.swapped, eng.running)]),
+            repr([[getattr(r, f) for f in fields] + [r.swapped is None] for r in eng.requests.values()]),
+            repr(eng._counts), len(eng._log), eng._steps)

@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 
 from kvlesson import model as kvmodel
 from kvlesson.costs.tolerance import CHUNK_TOL
+from kvlesson.sdpa import attention
 from kvlesson.serving import batch
+from kvlesson.serving.forward import decode_attention, decode_step, model_pool, prefill_step, run
+from kvlesson.serving.paged import read_pages
 from kvlesson.text import long_text
 from kvlesson.weights.layout import fuse  # noqa: F401
 from tests.helpers import TINY, decode_matches_alone, mix_matches_alone, mixed_steps, mixes
@@ -35,14 +38,14 @@ def test_prompts_side_by_side_equal_each_prompt_alone_in_float64(prompts, seed, 
     """prefill_step, with `context` tokens already in each sequence (the prompt is then a chunk onto earlier
     positions), against model.forward on one KVCache per sequence fed the same tokens."""
     w = kvmodel.random_weights(TINY, seed=seed, dtype=np.float64)
-    pool = batch.model_pool(TINY, 64, 3, np.float64)
+    pool = model_pool(TINY, 64, 3, np.float64)
     seqs = [pool.new_sequence() for _ in prompts]
     alone = [kvmodel.new_cache(TINY, np.float64, static=False) for _ in prompts]
     if context:
-        batch.prefill_step(TINY, w, pool, seqs, [p[:1] * context for p in prompts])
+        prefill_step(TINY, w, pool, seqs, [p[:1] * context for p in prompts])
         for p, cache in zip(prompts, alone, strict=True):
             kvmodel.forward(TINY, w, p[:1] * context, cache)
-    got = batch.prefill_step(TINY, w, pool, seqs, prompts)  # [B, vocab]
+    got = prefill_step(TINY, w, pool, seqs, prompts)  # [B, vocab]
     for row, p, cache in zip(got, prompts, alone, strict=True):
         np.testing.assert_allclose(row, kvmodel.forward(TINY, w, p, cache)[-1], rtol=0, atol=1e-12)
     assert [pool.length(s) for s in seqs] == [context + len(p) for p in prompts]
@@ -59,20 +62,20 @@ def test_one_forward_over_any_mix_equals_each_sequence_alone_in_float64(c):
 def test_a_step_that_does_not_fit_reserves_nothing():
     """The step counts the blocks for every sequence before it reserves any: one that does not fit moves nothing."""
     w = kvmodel.random_weights(TINY, seed=5)
-    pool = batch.model_pool(TINY, 4, 4)
+    pool = model_pool(TINY, 4, 4)
     a, b = pool.new_sequence(), pool.new_sequence()
-    batch.run(TINY, w, pool, [a, b], [[1, 2, 3], [4]])  # 2 blocks
+    run(TINY, w, pool, [a, b], [[1, 2, 3], [4]])  # 2 blocks
     before = (pool.blocks_free, pool.block_table(a), pool.length(a), pool.block_table(b), pool.length(b))
     with pytest.raises(ValueError, match="out of blocks: this step needs 3 more .* and 2 of 4 are free"):
-        batch.run(TINY, w, pool, [a, b], [[1, 2], [1] * 8])  # a fits, b does not: neither may move
+        run(TINY, w, pool, [a, b], [[1, 2], [1] * 8])  # a fits, b does not: neither may move
     assert (pool.blocks_free, pool.block_table(a), pool.length(a), pool.block_table(b), pool.length(b)) == before
     for new, error, words in [([[1], [2]], ValueError, "each sequence once"),
                               ([[1, -3]], ValueError, "must lie in"), ([[1], [2], [3]], ValueError, "one count")]:
         with pytest.raises(error, match=words):
-            batch.run(TINY, w, pool, [a, a] if len(new) == 2 else [a], new)
+            run(TINY, w, pool, [a, a] if len(new) == 2 else [a], new)
     assert pool.blocks_free == before[0] and pool.length(a) == before[2]
     with pytest.raises(ValueError, match="not in this pool"):
-        batch.run(TINY, w, pool, [99], [[1]])
+        run(TINY, w, pool, [99], [[1]])
 
 
 def test_every_block_comes_back_and_waiting_requests_join():
@@ -146,16 +149,16 @@ def test_generate_batch_equals_generate_token_for_token(model, prompts):
 
 def test_batched_logits_equal_the_solo_run_within_float32_tolerance(model, prompts):
     cfg, w = model.config, model.weights
-    pool = batch.model_pool(cfg, 32)
+    pool = model_pool(cfg, 32)
     seqs = [pool.new_sequence() for _ in prompts]
-    first = batch.prefill_step(cfg, w, pool, seqs, prompts)  # [4, vocab], the prompts side by side
+    first = prefill_step(cfg, w, pool, seqs, prompts)  # [4, vocab], the prompts side by side
     solo = [model.new_cache(capacity=len(p) + 3) for p in prompts]
     for p, cache, row in zip(prompts, solo, first, strict=True):
         alone = model.forward(p, cache)[-1]
         assert np.abs(row - alone).max() < CHUNK_TOL and row.argmax() == alone.argmax()
     tokens = first.argmax(axis=-1).tolist()
     for _ in range(3):
-        logits = batch.decode_step(cfg, w, pool, seqs, tokens)
+        logits = decode_step(cfg, w, pool, seqs, tokens)
         assert logits.dtype == np.float32
         for row, t, cache in zip(logits, tokens, solo, strict=True):
             alone = model.forward([t], cache)[0]
@@ -192,3 +195,55 @@ def test_the_benchmark_runs_and_prints_its_table(monkeypatch, capsys):
     assert "| 1, plain model.forward |" in out and "| 2 |" in out and "ridge" in out and "time to first token" in out
     assert "as a loop over sequences" in out
     sys.modules.pop("bench_batch", None)
+
+
+# ---- the batched decode's attention: kvlesson.attention's numbers and rules, read through block tables
+
+
+def paged_case(dtype, seed=0, B=5, bs=16, longest=300):
+    """A pool of random keys and values, B sequences of random lengths (long enough that a 16-bit sum drifts) on
+    blocks drawn at random, one query each."""
+    rng = np.random.default_rng(seed)
+    Hkv, G, d, n_blocks = 2, 3, 64, 200
+    K, V = (rng.standard_normal((Hkv, n_blocks, bs, d)).astype(dtype) for _ in range(2))
+    lengths = rng.integers(longest // 3, longest, B)
+    tables = np.stack([rng.choice(n_blocks, -(-longest // bs), replace=False) for _ in range(B)])  # [B, n]
+    q = rng.standard_normal((Hkv * G, B, d)).astype(dtype)
+    return q, K, V, tables, lengths
+
+
+def one_by_one(q, K, V, tables, lengths):
+    """Each sequence alone through kvlesson.attention on its own positions."""
+    out = np.empty_like(q)
+    for b, L in enumerate(lengths):
+        Kb, Vb = read_pages(K, V, tables[b : b + 1], L)
+        out[:, b : b + 1] = attention(q[:, b : b + 1], Kb[:, 0], Vb[:, 0])
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_decode_attention_equals_attention_on_each_sequence_and_sums_16_bit_pools_in_float32(dtype):
+    """Issue 28: the batched decode summed a float16 pool in float16, 12x attention's error. Against float64, its
+    error must now be that of kvlesson.attention, which sums in float32 at least."""
+    q, K, V, tables, lengths = paged_case(dtype)
+    exact = one_by_one(*(a.astype(np.float64) if a.dtype.kind == "f" else a for a in (q, K, V)), tables, lengths)
+    got, ref = decode_attention(q, K, V, tables, lengths), one_by_one(q, K, V, tables, lengths)
+    assert got.dtype == dtype
+    err_got, err_ref = np.abs(got - exact).max(), np.abs(ref - exact).max()
+    if dtype == np.float64:
+        np.testing.assert_allclose(got, exact, rtol=0, atol=1e-12)
+    else:
+        assert err_got <= 1.5 * err_ref, (err_got, err_ref)
+
+
+def test_a_nan_in_a_slot_a_sequence_cannot_see_never_reaches_it():
+    """Past a sequence's length its last block holds whatever was written there before (0 * NaN is NaN): the NaN stays
+    with the sequences that see it, as kvlesson.attention keeps it."""
+    q, K, V, tables, lengths = paged_case(np.float32, seed=3)
+    b = int(np.argmin(lengths % 16 == 0))  # a sequence whose last block is partly filled
+    block, slot = tables[b, lengths[b] // 16], lengths[b] % 16
+    V[:, block, slot] = np.nan
+    K[:, block, slot] = np.inf
+    got, ref = decode_attention(q, K, V, tables, lengths), one_by_one(q, K, V, tables, lengths)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    assert np.isfinite(got[:, b]).all()

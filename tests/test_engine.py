@@ -15,7 +15,6 @@ engine, fails.
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -25,113 +24,10 @@ from hypothesis import strategies as st
 
 from kvlesson import Engine as TopLevelEngine
 from kvlesson import KVCache
-from kvlesson import model as kvmodel
-from kvlesson.serving import Engine, batch, engine, paged
+from kvlesson.serving import Engine, batch, engine, forward, paged, trace
 from kvlesson.serving.paged import PagedKVCache, SwappedSequence, block_hash, block_hashes
 from kvlesson.text import long_text
-
-TINY = kvmodel.tiny_config(n_layers=2, max_len=128)
-WEIGHTS = {seed: kvmodel.random_weights(TINY, seed=seed, dtype=np.float64) for seed in range(3)}
-
-
-def tiny(seed=0, dtype=np.float64):
-    w = WEIGHTS[seed] if dtype == np.float64 else kvmodel.random_weights(TINY, seed=seed, dtype=dtype)
-    return SimpleNamespace(config=TINY, weights=w)
-
-
-def alone(model, prompt, n, stops=()):
-    """model.generate on the prompt alone, cut after the first stop id."""
-    out = kvmodel.generate(model.config, model.weights, prompt, n, dtype=model.weights["output.weight"].dtype)
-    cut = next((i + 1 for i, t in enumerate(out) if t in stops), len(out))
-    return out[:cut]
-
-
-# ---- a trace and what to check after every step
-
-
-@st.composite
-def traces(draw):
-    """Requests whose prompts are built from a few shared blocks of tokens (so that equal blocks follow different
-    prefixes, and prefixes repeat) and a random tail, arriving at random steps, on a pool just big enough for the
-    longest request or a few blocks more."""
-    bs = draw(st.sampled_from([2, 3, 4, 8]))
-    token = st.integers(0, TINY.vocab - 1)
-    pieces = [draw(st.lists(token, min_size=bs, max_size=bs)) for _ in range(3)]
-    requests = []
-    for _ in range(draw(st.integers(1, 6))):
-        head = [t for i in draw(st.lists(st.integers(0, 2), max_size=4)) for t in pieces[i]]
-        prompt = head + draw(st.lists(token, min_size=0 if head else 1, max_size=bs + 2))
-        requests.append(dict(prompt=prompt, new=draw(st.integers(1, 8)), arrival=draw(st.integers(0, 6)),
-                             stop=draw(st.sampled_from([None, None, 0, 1, 3]))))  # stop at the k-th token's id
-    longest = max(math.ceil((len(r["prompt"]) + r["new"] - 1) / bs) for r in requests)
-    max_seqs = draw(st.integers(1, 4))
-    return dict(requests=requests, block_size=bs, n_blocks=longest + draw(st.sampled_from([0, 0, 1, 3])),
-                max_seqs=max_seqs, budget=draw(st.integers(max_seqs, max_seqs + 12)),
-                preemption=draw(st.sampled_from(engine.PREEMPTION)), prefix_caching=draw(st.booleans()),
-                seed=draw(st.integers(0, 2)))
-
-
-def accounts(pool):
-    """refs[b] counts the block tables that point at b (so it is never negative); a block nobody points at is either
-    free or cached, never both; a cached block is one the cache knows."""
-    counts = np.zeros(pool.n_blocks, int)
-    for table in (pool.block_table(s) for s in pool.sequences):
-        np.add.at(counts, table, 1)
-    assert counts.tolist() == pool.refs and min(pool.refs) >= 0, f"refs {pool.refs}, tables count {counts.tolist()}"
-    free, idle = set(pool._free), set(pool._idle)
-    assert len(free) == len(pool._free) and not free & idle, "a block is on the free list twice, or free and cached"
-    assert free | idle == {b for b in range(pool.n_blocks) if counts[b] == 0}
-    assert idle <= set(pool._key_of) and all(pool._block_of[k] == b for b, k in pool._key_of.items())
-
-
-def serve(c, make=Engine):
-    """Run the trace step by step, checking after every step -> (model, requests with their rids, the stream)."""
-    model = tiny(c["seed"])
-    eng = make(model, c["n_blocks"], c["block_size"], c["budget"], c["max_seqs"], c["prefix_caching"],
-               c["preemption"])
-    for r in c["requests"]:
-        r["stops"] = () if r["stop"] is None else tuple(alone(model, r["prompt"], r["new"])[r["stop"]:][:1])
-    calls, run = [], batch.run
-
-    def spy(cfg, w, pool, seqs, new_ids):
-        calls.append(sum(map(len, new_ids)))
-        return run(cfg, w, pool, seqs, new_ids)
-
-    stream, decoding, clock = {}, set(), 0
-    with mock.patch.object(batch, "run", spy):
-        while clock <= max(r["arrival"] for r in c["requests"]) or not eng.done:
-            for r in c["requests"]:
-                if r["arrival"] == clock:
-                    r["rid"] = eng.submit(r["prompt"], r["new"], r["stops"])
-                    stream[r["rid"]] = []
-            clock += 1
-            if eng.done:
-                continue
-            before = len(calls)
-            out = eng.step()
-            assert len(calls) == before + 1, "a step must be one forward pass"
-            assert calls[-1] <= c["budget"], f"a step processed {calls[-1]} tokens; max_batch_tokens={c['budget']}"
-            got, log = {rid for rid, _ in out}, eng.log[-1]
-            skipped = decoding - got - set(log["preempted"])
-            assert not skipped, f"decoding requests {sorted(skipped)} got no token and were not preempted"
-            assert [rid for rid, _ in out] == sorted(got), "step() emits in submission order, one token each"
-            for rid, token in out:
-                stream[rid].append(token)
-            decoding = {rid for rid in got if not eng.requests[rid].done}
-            accounts(eng.pool)
-    return model, eng, stream
-
-
-def check_trace(c, make=Engine):
-    model, eng, stream = serve(c, make)
-    outputs = eng.run()
-    for r in c["requests"]:
-        want = alone(model, r["prompt"], r["new"], r["stops"])
-        assert stream[r["rid"]] == want, f"request {r['rid']}: streamed {stream[r['rid']]}, alone {want}"
-        assert outputs[r["rid"]] == want
-    pool = eng.pool
-    assert pool.refs == [0] * pool.n_blocks and pool.blocks_free == pool.n_blocks, "a block was never given back"
-    assert len(pool._free) + len(pool._idle) == pool.n_blocks
+from tests.helpers import ENGINE_TINY, accounts, check_trace, generate_alone, tiny_model, traces
 
 
 @settings(max_examples=150)
@@ -149,7 +45,7 @@ def falsified(make=Engine):
     """Run the property above on `make` engines under hypothesis (derandomized: the same examples every run) ->
     the message of the first failure it finds."""
     with pytest.raises(AssertionError) as failure:
-        MUTANT(given(traces())(lambda c: check_trace(c, make)))()
+        MUTANT(given(traces())(lambda c: check_trace(c, make) and None))()
     return str(failure.value)
 
 
@@ -164,11 +60,12 @@ def test_a_prefix_cache_keyed_on_one_blocks_own_tokens_is_caught():
 
 
 class Forgetful(Engine):
-    """The bug: a preempted request forgets what it generated (it resumes from its prompt alone)."""
+    """The bug: a request preempted by recompute forgets what it generated (it resumes from its prompt alone)."""
 
     def _preempt(self, r):
         super()._preempt(r)
-        r.tokens = []
+        if self.preemption == "recompute":
+            r.tokens = []
 
 
 def test_a_preemption_that_forgets_generated_tokens_is_caught():
@@ -222,13 +119,13 @@ BS = 16
 
 
 def shared(n=48, seed=7):
-    return np.random.default_rng(seed).integers(0, TINY.vocab, n).tolist()
+    return np.random.default_rng(seed).integers(0, ENGINE_TINY.vocab, n).tolist()
 
 
 def test_requests_sharing_a_48_token_prefix_reuse_at_least_32_tokens():
     """Issue 21's bound, for a request that arrives after the first has finished and for one that arrives while the
     first is still decoding (its prompt's full blocks are published as soon as they are full)."""
-    model, prefix = tiny(), shared()
+    model, prefix = tiny_model(), shared()
     eng = Engine(model, 32, BS)
     a = eng.submit(prefix + [1, 2, 3], 4)
     eng.run()
@@ -242,13 +139,13 @@ def test_requests_sharing_a_48_token_prefix_reuse_at_least_32_tokens():
     assert all(per[r]["prefix_hit_tokens"] >= 32 for r in (b, c, d)), per
     assert [per[r]["prefix_hit_tokens"] for r in (b, c, d)] == [48, 48, 48]
     for r, tail in ((b, [9, 8]), (c, [7]), (d, [5, 5, 5, 5])):
-        assert out[r] == alone(model, prefix + tail, 4)
+        assert out[r] == generate_alone(model, prefix + tail, 4)
 
 
 def test_a_prompt_that_is_all_cached_still_runs_its_last_token():
     """When every block of a prompt is cached, the last prompt token must still be run for its logits: the sequence
     starts one short, inside a shared full block, and copies it before its first write (copy-on-write)."""
-    model, prompt = tiny(), shared(32)
+    model, prompt = tiny_model(), shared(32)
     eng = Engine(model, 8, BS, max_seqs=2)
     first = eng.submit(prompt, 6)
     eng.step()  # the prompt's two blocks are full and published
@@ -259,7 +156,7 @@ def test_a_prompt_that_is_all_cached_still_runs_its_last_token():
     assert eng.pool.block_table(seq_again)[0] == eng.pool.block_table(seq_first)[0]  # the full first block, shared
     assert eng.pool.block_table(seq_again)[1] != eng.pool.block_table(seq_first)[1]  # the second, copied
     out = eng.run()
-    assert out[first] == out[again] == alone(model, prompt, 6)
+    assert out[first] == out[again] == generate_alone(model, prompt, 6)
 
 
 def test_different_earlier_tokens_give_a_block_another_key():
@@ -409,7 +306,7 @@ def test_the_budget_goes_to_decodes_first_then_prefills_in_order():
 
 
 def test_a_long_prompt_is_chunked_and_the_decodes_keep_their_tokens():
-    model = tiny()
+    model = tiny_model()
     eng = Engine(model, 64, 4, max_batch_tokens=8, prefix_caching=False)
     short = eng.submit([1, 2, 3], 12)
     eng.step()
@@ -421,7 +318,7 @@ def test_a_long_prompt_is_chunked_and_the_decodes_keep_their_tokens():
     assert all(short in e["decoded"] for e in log[1:12])  # every step until it is done
     assert eng.stats["requests"][long]["ttft_steps"] == math.ceil(40 / 7)  # 7 tokens a step beside the decode
     out = eng.run()
-    assert out[short] == alone(model, [1, 2, 3], 12) and out[long] == alone(model, list(range(40)), 3)
+    assert out[short] == generate_alone(model, [1, 2, 3], 12) and out[long] == generate_alone(model, list(range(40)), 3)
 
 
 @pytest.mark.parametrize("mode", engine.PREEMPTION)
@@ -429,15 +326,15 @@ def test_a_pool_that_runs_dry_preempts_the_newest_and_changes_no_token(mode):
     """Two requests whose prompts fit, whose answers do not: the newer one is preempted, comes back, and both get
     the tokens they would get alone. Swap moves its blocks out and back; recompute moves nothing and prefills
     again what it had (its prompt's full blocks come back from the cache)."""
-    model = tiny()
+    model = tiny_model()
     eng = Engine(model, 6, 4, preemption=mode)
     prompts = [list(range(1, 9)), list(range(20, 28))]  # 2 blocks each; 12 new tokens take 3 more each
     rids = [eng.submit(p, 12) for p in prompts]
     out = eng.run()
     st_ = eng.stats
     assert st_["preemptions"] >= 1 and st_["requests"][rids[0]]["preemptions"] == 0
-    assert [out[r] for r in rids] == [alone(model, p, 12) for p in prompts]
-    block = 2 * 4 * TINY.n_layers * TINY.Hkv * TINY.d * 8  # bytes of one block, K and V, float64
+    assert [out[r] for r in rids] == [generate_alone(model, p, 12) for p in prompts]
+    block = 2 * 4 * ENGINE_TINY.n_layers * ENGINE_TINY.Hkv * ENGINE_TINY.d * 8  # bytes of one block, K and V, float64
     if mode == "swap":
         assert st_["swap_bytes"] > 0 and st_["swap_bytes"] % (2 * block) == 0 and st_["recomputed_tokens"] == 0
     else:
@@ -446,7 +343,7 @@ def test_a_pool_that_runs_dry_preempts_the_newest_and_changes_no_token(mode):
 
 
 def test_stats_count_steps_and_latencies():
-    model = tiny()
+    model = tiny_model()
     eng = Engine(model, 16, 4, max_batch_tokens=4)
     a = eng.submit(list(range(10)), 3)
     b = eng.submit([5], 1)
@@ -461,8 +358,8 @@ def test_stats_count_steps_and_latencies():
 
 
 def test_a_stop_id_ends_a_request_and_is_included():
-    model = tiny()
-    free_run = alone(model, [3, 1, 4], 10)
+    model = tiny_model()
+    free_run = generate_alone(model, [3, 1, 4], 10)
     stop = free_run[4]
     eng = Engine(model, 8, 4)
     rid = eng.submit([3, 1, 4], 10, stop_ids=[stop])
@@ -471,16 +368,16 @@ def test_a_stop_id_ends_a_request_and_is_included():
 
 def test_float32_in_float32_out_and_float64_stays_float64():
     for dtype in (np.float32, np.float64):
-        eng = Engine(tiny(dtype=dtype), 8, 4)
+        eng = Engine(tiny_model(dtype=dtype), 8, 4)
         assert eng.pool.dtype == dtype
         seen = []
 
-        def spy(*args, run=batch.run, seen=seen):
+        def spy(*args, run=forward.run, seen=seen):
             seen.append(run(*args))
             return seen[-1]
 
         eng.submit([1, 2, 3], 3)
-        with mock.patch.object(batch, "run", spy):
+        with mock.patch.object(engine, "run", spy):
             eng.run()
         assert {logits.dtype for logits in seen} == {np.dtype(dtype)}
     assert TopLevelEngine is Engine
@@ -494,11 +391,13 @@ def test_float32_in_float32_out_and_float64_stays_float64():
     (lambda e: e.submit([1, 2], 0), ValueError, "max_new_tokens must be at least 1"),
     (lambda e: e.submit([1, 2], 2.0), TypeError, "max_new_tokens must be an integer"),
     (lambda e: e.submit([1, 2], 3, stop_ids=[999]), ValueError, r"stop_ids must lie in \[0, 256\)"),
+    (lambda e: e.submit([1, 2], 3, stop_ids=2), TypeError, "stop_ids must be a sequence of token ids; got int"),
+    (lambda e: e.submit([1, 2], 3, stop_ids=None), TypeError, "stop_ids must be a sequence of token ids"),
     (lambda e: e.submit(list(range(14)), 4), ValueError, "needs 5 blocks of 4 even alone; the pool has n_blocks=4"),
     (lambda e: e.submit([1] * 120, 9), ValueError, "exceed the context of 128 positions"),
 ])
 def test_bad_requests_are_refused_before_anything_is_queued(call, error, words):
-    eng = Engine(tiny(), 4, 4)
+    eng = Engine(tiny_model(), 4, 4)
     with pytest.raises(error, match=words):
         call(eng)
     assert eng.done and eng.requests == {} and eng.pool.blocks_free == 4
@@ -507,6 +406,7 @@ def test_bad_requests_are_refused_before_anything_is_queued(call, error, words):
 @pytest.mark.parametrize("kwargs, error, words", [
     (dict(preemption="drop"), ValueError, r"preemption must be one of \('recompute', 'swap'\); got preemption='drop'"),
     (dict(max_seqs=0), ValueError, "max_seqs must be at least 1"),
+    (dict(max_seqs=32), ValueError, "max_seqs=32 sequences cannot all decode in a step of max_batch_tokens=16"),
     (dict(max_batch_tokens=0), ValueError, "max_batch_tokens must be at least 1"),
     (dict(prefix_caching=1), TypeError, "prefix_caching must be True or False"),
     (dict(n_blocks=0), ValueError, "n_blocks must be at least 1"),
@@ -515,7 +415,7 @@ def test_bad_requests_are_refused_before_anything_is_queued(call, error, words):
 def test_bad_engines_are_refused(kwargs, error, words):
     args = dict(n_blocks=4, block_size=4, max_batch_tokens=16, max_seqs=4) | kwargs
     with pytest.raises(error, match=words):
-        Engine(tiny(), **args)
+        Engine(tiny_model(), **args)
     with pytest.raises(TypeError, match="model must have .config and .weights"):
         Engine("SmolLM2", 4)
 
@@ -524,15 +424,15 @@ def test_bad_engines_are_refused(kwargs, error, words):
 
 
 def test_replay_measures_the_engine_and_lesson_09s_batcher_on_one_trace():
-    model = tiny(dtype=np.float32)
-    arrivals = engine.poisson_arrivals(0.5, 6, seed=1)
+    model = tiny_model(dtype=np.float32)
+    arrivals = trace.poisson_arrivals(0.5, 6, seed=1)
     assert arrivals[0] == 0 and np.all(np.diff(arrivals) > 0)
-    assert np.array_equal(arrivals, engine.poisson_arrivals(0.5, 6, seed=1))
+    assert np.array_equal(arrivals, trace.poisson_arrivals(0.5, 6, seed=1))
     rng = np.random.default_rng(0)
-    trace = [(t, rng.integers(0, TINY.vocab, int(rng.integers(3, 20))).tolist(), 5) for t in arrivals]
-    results = [engine.replay(Engine(model, 24, 4, max_batch_tokens=16), trace),
-               engine.replay(batch.Batcher(TINY, model.weights, n_blocks=24, block_size=4), trace)]
-    want = {i: alone(model, ids, n) for i, (_, ids, n) in enumerate(trace)}
+    requests = [(t, rng.integers(0, ENGINE_TINY.vocab, int(rng.integers(3, 20))).tolist(), 5) for t in arrivals]
+    results = [trace.replay(Engine(model, 24, 4, max_batch_tokens=16), requests),
+               trace.replay(batch.Batcher(ENGINE_TINY, model.weights, n_blocks=24, block_size=4), requests)]
+    want = {i: generate_alone(model, ids, n) for i, (_, ids, n) in enumerate(requests)}
     for got in results:
         assert got.outputs == want and got.new.tolist() == [5] * 6
         assert np.all(got.submitted >= np.ceil(arrivals))  # at the first step boundary after the arrival
@@ -541,17 +441,34 @@ def test_replay_measures_the_engine_and_lesson_09s_batcher_on_one_trace():
         assert 1 <= s["ttft_steps"][0] <= s["ttft_steps"][1] and s["tokens_per_step"] > 0
         assert s["wait_tokens"][1] <= got.wait_tokens.max() and np.all(got.ttft_s > 0)
         ran = ~np.isnan(got.step_tokens)
-        assert np.nansum(got.step_tokens) == sum(len(ids) for _, ids, _ in trace) + 6 * 4  # prompts, then 4 decodes
+        assert np.nansum(got.step_tokens) == sum(len(ids) for _, ids, _ in requests) + 6 * 4  # prompts, then 4 decodes
         assert np.all(got.step_seconds[~ran] == 0)
     assert np.nanmax(results[0].step_tokens) <= 16 < np.nanmax(results[1].step_tokens)  # chunked vs whole prompts
     assert results[0].submitted.tolist() == np.ceil(arrivals).astype(int).tolist()  # one pass a step: no delay
     assert results[0].preemptions == 0 and results[1].preemptions is None
     assert len(results[1].step_tokens) > len(results[1].step_seconds[results[1].step_seconds > 0])  # two-pass steps
-    timed = engine.replay(Engine(model, 24, 4, max_batch_tokens=16), [(t / 1e3, ids, n) for t, ids, n in trace],
+    timed = trace.replay(Engine(model, 24, 4, max_batch_tokens=16), [(t / 1e3, ids, n) for t, ids, n in requests],
                           clock="seconds")  # arrivals a millisecond apart: the clock jumps over idle gaps
     assert timed.outputs == want and np.all(~np.isnan(timed.step_tokens)) and np.all(timed.ttft_s > 0)
     with pytest.raises(ValueError, match="clock must be 'steps' or 'seconds'"):
-        engine.replay(Engine(model, 24, 4), trace, clock="hours")
+        trace.replay(Engine(model, 24, 4), requests, clock="hours")
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    ([], ValueError, "trace must be a non-empty list"),
+    ("abc", ValueError, "trace must be a non-empty list"),
+    ([(0, [1, 2], 3), (1, [1, 2])], ValueError, r"trace\[1\] must be \(arrival, prompt ids, max_new_tokens\)"),
+    ([(0, [1, 2], 3), (float("nan"), [1, 2], 3)], ValueError, r"trace\[1\] arrival must be finite"),
+    ([(0, [1, 2], 3), (1, [1, 999], 3)], ValueError, r"trace\[1\] ids must lie in \[0, 256\)"),
+    ([(0, [1, 2], 3), (1, [1, 2], 0)], ValueError, "max_new_tokens must be at least 1"),
+    ([(0, [1, 2], 3), (1, list(range(60)), 3)], ValueError, r"trace\[1\] ids: a prompt of 60 tokens"),
+])
+def test_replay_checks_every_request_before_the_first_runs(bad, error, words):
+    """Issue 33: a bad request late in a trace was refused only after the earlier ones had run."""
+    eng = Engine(tiny_model(), 12, 4)
+    with pytest.raises(error, match=words):
+        trace.replay(eng, bad)
+    assert eng.requests == {} and eng.stats["steps"] == 0
 
 
 # ---- SmolLM2, float32
@@ -566,7 +483,7 @@ def chats(model):
     questions = ["Why do we sleep?", "What is a ferry?", "Say hello.", "Name a river."]
     prompts = [tok.encode(model.chat_prompt(q, system=system)) for q in questions]
     stops = tok.encode("<|im_end|>")
-    want = [alone(model, p, 8, stops) for p in prompts]
+    want = [generate_alone(model, p, 8, stops) for p in prompts]
     return prompts, stops, want
 
 

@@ -11,7 +11,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-import kvlesson.serving.batch
+import kvlesson.serving.forward
 import kvlesson.serving.padding
 from kvlesson import attention
 from kvlesson import model as kvmodel
@@ -69,12 +69,12 @@ def test_the_unmutated_batched_decode_passes():
 
 def test_a_batched_decode_without_the_length_mask_is_caught():
     """Shorter sequences would attend over the rest of their last block and over the padding blocks."""
-    real = kvlesson.serving.batch.decode_attention
+    real = kvlesson.serving.forward.decode_attention
 
     def unmasked(q, K, V, tables, lengths):
         return real(q, K, V, tables, np.full_like(lengths, tables.shape[1] * K.shape[2]))
 
-    with mock.patch.object(kvlesson.serving.batch, "decode_attention", unmasked), pytest.raises(AssertionError):
+    with mock.patch.object(kvlesson.serving.forward, "decode_attention", unmasked), pytest.raises(AssertionError):
         decode_matches_alone(MIX)
 
 
@@ -91,18 +91,18 @@ def test_a_chunk_that_attends_over_its_whole_pages_is_caught():
     def everything(q, K, V, **kwargs):
         return attention(q, K, V, mask=np.ones((q.shape[1], K.shape[1]), bool))
 
-    with mock.patch.object(kvlesson.serving.batch, "attention", everything), pytest.raises(AssertionError):
+    with mock.patch.object(kvlesson.serving.forward, "attention", everything), pytest.raises(AssertionError):
         mix_matches_alone(MIXED)
 
 
 def test_one_position_for_the_whole_batch_is_caught():
     """RoPE at the longest sequence's position for every row: the decode-time twin of counting pads."""
-    real = kvlesson.serving.batch.turn
+    real = kvlesson.serving.forward.turn
 
     def shared_rope(q, k, positions, base, interleaved):
         return real(q, k, np.full_like(positions, max(positions)), base, interleaved)
 
-    with mock.patch.object(kvlesson.serving.batch, "turn", shared_rope), pytest.raises(AssertionError):
+    with mock.patch.object(kvlesson.serving.forward, "turn", shared_rope), pytest.raises(AssertionError):
         decode_matches_alone(MIX)
 
 

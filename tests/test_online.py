@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import kvlesson.online
 from kvlesson import attention, online_attention, split_kv_attention
-from kvlesson.online import attention_backward, finish, merge_partials, online_update
+from kvlesson.online import attention_backward, finish, merge_partials, online_update, partial_attention
 
 
 @st.composite
@@ -312,16 +312,14 @@ def test_finish_gives_a_row_that_saw_nothing_zero_and_minus_inf():
 def slices(c, bounds):
     """Each slice of the keys finished on its own -> (outs [n, Hkv, G*T, d], lses [n, Hkv, G*T]), and the whole."""
     q, k, v = qkv(c)
-    qg, acc = kvlesson.online._grouped_queries(q, c["Hkv"])
     G, T, S = c["H"] // c["Hkv"], c["T"], c["S"]
     parts = []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         if a == b:  # an empty slice: the merge's identity
             parts.append((np.zeros((c["Hkv"], G * T, c["d"])), np.full((c["Hkv"], G * T), -np.inf)))
             continue
-        s = kvlesson.online._scores(qg, k[:, a:b], acc, G, T, S, a, c["window"])
-        parts.append(finish(*online_update(*kvlesson.online.empty_state(qg.shape[:-1], c["d"], acc), s,
-                                           v[:, a:b])))
+        out, lse = partial_attention(q, k[:, a:b], v[:, a:b], np.arange(S - T, S), np.arange(a, b), window=c["window"])
+        parts.append((out.reshape(c["Hkv"], G * T, c["d"]), lse.reshape(c["Hkv"], G * T)))
     whole = attention(q, k, v, window=c["window"]).reshape(c["Hkv"], G * T, c["d"])
     return [o for o, _ in parts], [lse for _, lse in parts], whole
 
@@ -503,3 +501,43 @@ def test_the_backward_pass_checks_its_shapes(name, shape):
     args[name] = np.zeros(shape)
     with pytest.raises(ValueError, match=r"need out and d_out like q"):
         attention_backward(q, k, v, args["out"], args["lse"], args["d_out"])
+
+
+@given(shapes().filter(lambda c: c["T"] > 0), st.data())
+def test_partial_attention_over_shuffled_blocks_merges_to_attention(c, data):
+    """Queries and keys at positions in any order, the keys cut into blocks: each block's partial, merged, is attention
+    over all the keys. The mask comes from the positions, not from T and S: a block far from the first keys still
+    masks by where its keys sit."""
+    q, k, v = qkv(c)
+    T, S = c["T"], c["S"]
+    order = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).permutation(S)  # keys in any order
+    cuts = sorted(data.draw(st.lists(st.integers(1, S), max_size=4))) if S > 1 else []
+    blocks = [b for b in np.split(order, cuts) if len(b)]
+    pos_q = np.arange(S - T, S)
+    parts = [partial_attention(q, k[:, b], v[:, b], pos_q, b, window=c["window"]) for b in blocks]
+    out, _ = merge_partials(np.stack([o for o, _ in parts]), np.stack([lse for _, lse in parts]))
+    np.testing.assert_allclose(out, attention(q, k, v, window=c["window"]), atol=1e-12)
+
+
+def test_partial_attention_masks_by_position_not_by_index():
+    """The ring's bug in one block: keys 4..7 against queries 4..7 by position is lesson 04's diagonal block; by index
+    from 0 it would be the same here, but keys 0..3 against queries 4..7 are all visible, and keys 8..11 none."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 4, 8)), rng.standard_normal((1, 4, 8)), rng.standard_normal((1, 4, 8))
+    pos_q = np.arange(4, 8)
+    _, lse_past = partial_attention(q, k, v, pos_q, np.arange(0, 4))
+    _, lse_future = partial_attention(q, k, v, pos_q, np.arange(8, 12))
+    assert np.isfinite(lse_past).all() and np.isneginf(lse_future).all()
+    out, _ = partial_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), pos_q, pos_q)
+    assert out.dtype == np.float32
+
+
+@pytest.mark.parametrize("pos_q, pos_k, words", [
+    (np.arange(3), np.arange(4), "pos_q must be 4 integer positions"),
+    (np.arange(4), np.arange(3.0), "pos_k must be 4 integer positions"),
+    (np.arange(4), np.arange(-1, 3), "at least 0"),
+])
+def test_partial_attention_refuses_positions_that_do_not_fit(pos_q, pos_k, words):
+    q, k = np.zeros((2, 4, 8)), np.zeros((1, 4, 8))
+    with pytest.raises(ValueError, match=words):
+        partial_attention(q, k, k, pos_q, pos_k)

@@ -18,20 +18,22 @@ With prefix caching (vLLM's automatic prefix caching), a full block is known by 
 its end (kvlesson.serving.paged.block_hash); a new request starts on every cached block of its longest cached prefix,
 and the blocks of finished sequences stay cached until a free block is wanted.
 
-Every step is one call of kvlesson.serving.batch.run: decodes and prefill chunks side by side in one [N, D] matrix.
-poisson_arrivals, chat_trace and replay measure an engine (this one, or lesson 09's Batcher) on a trace of requests.
+Every step is one call of kvlesson.serving.forward.run: decodes and prefill chunks side by side in one [N, D] matrix.
+A step happens whole or not at all: cut short (Ctrl-C in a notebook, an error), it leaves the queues, every request
+and the pool as they were, so that positions are never counted as written that no forward pass computed.
+kvlesson.serving.trace measures an engine (this one, or lesson 09's Batcher) on a trace of requests.
 """
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvlesson import validate
-from kvlesson.serving import batch
+from kvlesson import atomic, validate
+from kvlesson.serving.forward import model_pool, run
+from kvlesson.serving.paged import blocks_for, request_blocks
 
-__all__ = ["Engine", "split_budget", "poisson_arrivals", "chat_trace", "replay"]
+__all__ = ["Engine", "split_budget"]
 
 PREEMPTION = ("recompute", "swap")
 COUNTS = ("preemptions", "prefix_hit_tokens", "recomputed_tokens", "swap_bytes")  # the running totals in stats
@@ -85,22 +87,28 @@ class Engine:
     token budget, preemption by recompute or swap, automatic prefix caching, stop ids. Greedy; the pool's dtype is
     the model's (float32 as SmolLM2 loads; a float64 model runs in float64)."""
 
-    def __init__(self, model, n_blocks, block_size=16, max_batch_tokens=256, max_seqs=64, prefix_caching=True,
-                 preemption="recompute"):
+    def __init__(self, model, n_blocks: int, block_size: int = 16, max_batch_tokens: int = 256,
+                 max_seqs: int | None = None, prefix_caching: bool = True, preemption: str = "recompute"):
+        """max_seqs: how many sequences may run at once; None is 64, or max_batch_tokens when that is smaller, since
+        every running sequence may be decoding and each decode takes one token of every step's budget."""
         try:
             self.cfg, self.w = model.config, model.weights
         except AttributeError:
             raise TypeError(f"model must have .config and .weights (kvlesson.llama.load() gives one); got "
                             f"{type(model).__name__}") from None
         self.max_batch_tokens = validate.integer("max_batch_tokens", max_batch_tokens, minimum=1)
-        # every running sequence may be decoding, and each decode takes one token of every step's budget
-        self.max_seqs = min(validate.integer("max_seqs", max_seqs, minimum=1), self.max_batch_tokens)
+        if max_seqs is None:
+            max_seqs = min(64, self.max_batch_tokens)
+        self.max_seqs = validate.integer("max_seqs", max_seqs, minimum=1)
+        if self.max_seqs > self.max_batch_tokens:
+            raise ValueError(f"max_seqs={max_seqs} sequences cannot all decode in a step of max_batch_tokens="
+                             f"{max_batch_tokens} tokens; give max_seqs <= max_batch_tokens")
         if not isinstance(prefix_caching, bool):
             raise TypeError(f"prefix_caching must be True or False; got prefix_caching={prefix_caching!r}")
         if preemption not in PREEMPTION:
             raise ValueError(f"preemption must be one of {PREEMPTION}; got preemption={preemption!r}")
         self.prefix_caching, self.preemption = prefix_caching, preemption
-        self.pool = batch.model_pool(self.cfg, n_blocks, block_size, self.w["output.weight"].dtype)
+        self.pool = model_pool(self.cfg, n_blocks, block_size, self.w["output.weight"].dtype)
         self.requests = {}  # rid -> Request, in submission order
         self.waiting, self.swapped, self.running = deque(), deque(), []  # running: in the order admitted
         self._steps, self._log, self._preempted = 0, [], []  # the log: one dict per step
@@ -108,38 +116,45 @@ class Engine:
 
     # ---- the interface
 
-    def submit(self, ids, max_new_tokens, stop_ids=()):
+    def submit(self, ids: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()) -> int:
         """Queue a prompt -> its request id. It ends after max_new_tokens tokens, or at the first token in stop_ids
         (that token included). Refused with ValueError or TypeError, queueing nothing, when it could never run."""
-        ids = validate.token_ids("ids", ids, self.cfg.vocab).tolist()
-        n = validate.integer("max_new_tokens", max_new_tokens, minimum=1)
-        stops = frozenset(validate.token_ids("stop_ids", list(stop_ids), self.cfg.vocab).tolist())
-        if not ids:
-            raise ValueError("ids is empty: need at least one prompt token to predict the next one")
-        if len(ids) + n > self.cfg.max_len:
-            raise ValueError(f"{len(ids)} prompt + {n} new tokens exceed the context of {self.cfg.max_len} positions")
-        need = math.ceil((len(ids) + n - 1) / self.pool.block_size)  # its last token is never fed back
-        if need > self.pool.n_blocks:
-            raise ValueError(f"a prompt of {len(ids)} tokens with max_new_tokens={n} needs {need} blocks of "
-                             f"{self.pool.block_size} even alone; the pool has n_blocks={self.pool.n_blocks}")
+        ids, n = self.check(ids, max_new_tokens)
+        stops = frozenset(validate.token_ids("stop_ids", stop_ids, self.cfg.vocab).tolist())
         rid = len(self.requests)
         self.requests[rid] = r = Request(rid, ids, n, stops, (self._steps, time.perf_counter()))
         self.waiting.append(r)
         return rid
 
+    def check(self, ids: list[int], max_new_tokens: int, name: str = "ids") -> tuple[list[int], int]:
+        """-> (ids, n) as submit would queue them; ValueError or TypeError, naming the argument, for a request that
+        could never run: too long for the context, or needing more blocks than the whole pool even alone."""
+        ids, n = validate.request(ids, max_new_tokens, self.cfg.vocab, self.cfg.max_len, name=name, at_least=1)
+        need = request_blocks(len(ids), n, self.pool.block_size)
+        if need > self.pool.n_blocks:
+            raise ValueError(f"{name}: a prompt of {len(ids)} tokens with max_new_tokens={n} needs {need} blocks of "
+                             f"{self.pool.block_size} even alone; the pool has n_blocks={self.pool.n_blocks}")
+        return ids, n
+
     @property
-    def done(self):
+    def done(self) -> bool:
         return not (self.waiting or self.swapped or self.running)
 
-    def step(self):
-        """Schedule, then run one forward pass -> [(rid, token)] emitted in it, in submission order."""
+    def step(self) -> list[tuple[int, int]]:
+        """Schedule, then run one forward pass -> [(rid, token)] emitted in it, in submission order. All or nothing:
+        cut short, it leaves the queues, every request and the pool as they were."""
         if self.done:
             return []
+        undo = atomic.snapshot(self, *self.waiting, *self.swapped, *self.running)
+        with self.pool.atomic(), atomic.undo_on_error(undo):
+            return self._step()
+
+    def _step(self):
         start, before, self._preempted = time.perf_counter(), dict(self._counts), []
         plan = self._schedule()  # {request: tokens it brings}, decodes first
         seqs = list(plan)
         chunks = [r.ids[self.pool.length(r.seq) :][:n] for r, n in plan.items()]
-        logits = iter(batch.run(self.cfg, self.w, self.pool, [r.seq for r in seqs], chunks))  # rows: n > 0, in order
+        logits = iter(run(self.cfg, self.w, self.pool, [r.seq for r in seqs], chunks))  # rows: n > 0, in order
         emitted, now = [], time.perf_counter()
         for r in seqs:
             row = next(logits)
@@ -161,7 +176,7 @@ class Engine:
                               **{k: v - before[k] for k, v in self._counts.items()}))
         return sorted(emitted)
 
-    def run(self):
+    def run(self) -> dict[int, list[int]]:
         """Step until every request is done -> {rid: [new token ids]} for every request submitted."""
         while not self.done:
             self.step()
@@ -244,13 +259,13 @@ class Engine:
         """Start (or bring back) a request if what it must hold fits in `available` blocks -> whether it did."""
         bs = self.pool.block_size
         if r.swapped is not None:
-            if math.ceil(len(r.ids) / bs) > available:
+            if blocks_for(len(r.ids), bs) > available:
                 return False
             self._count("swap_bytes", r.swapped.nbytes)
             r.seq, r.swapped = self.pool.swap_in(r.swapped), None
         else:
             limit = len(r.ids) - 1  # the last token is always run: its logits give the next token
-            held, cost = self.pool.cached_cost(r.ids, limit) if self.prefix_caching else (0, math.ceil(len(r.ids) / bs))
+            held, cost = self.pool.cached_cost(r.ids, limit) if self.prefix_caching else (0, blocks_for(len(r.ids), bs))
             if cost > available:
                 return False
             if self.prefix_caching:
@@ -290,133 +305,3 @@ class Engine:
 
     def _count(self, name, n):
         self._counts[name] += int(n)
-
-
-# ---- measuring an engine on a trace
-
-
-def poisson_arrivals(rate, n, seed=0):
-    """float [n]: when n requests arrive, a Poisson process of `rate` requests per unit of time (exponential gaps,
-    seeded), the first at 0. The unit is the replay's clock: steps or seconds."""
-    rate = validate.positive("rate", rate)
-    gaps = np.random.default_rng(seed).exponential(1 / rate, validate.integer("n", n, minimum=1))  # [n]
-    return np.cumsum(gaps) - gaps[0]
-
-
-def chat_trace(model, rate, n, new, seed=13, system=60, passages=(4, 8, 16, 32)):
-    """-> [(arrival, prompt ids, new)]: n chat requests for `new` tokens each, arriving as a Poisson process of `rate`
-    (seeded). Every request has the same system prompt, the shipped text's first `system` tokens, and asks about a
-    passage of the text whose length is drawn from `passages`, from a random place after them. model: SmolLM2 (its
-    tokenizer and chat template)."""
-    from kvlesson.text import long_text  # a leaf module; only traces need the text
-
-    tok = model.tokenizer
-    text = tok.encode(long_text())
-    rules = tok.decode(text[:system])
-    pick = np.random.default_rng(seed)
-    trace = []
-    for t in poisson_arrivals(rate, n, seed):
-        k = int(pick.choice(passages))
-        start = int(pick.integers(system, len(text) - k))
-        trace.append((float(t), tok.encode(model.chat_prompt(tok.decode(text[start : start + k]), system=rules)), new))
-    return trace
-
-
-@dataclass(frozen=True)
-class Replay:
-    """What each request of a trace saw, and what each forward pass cost, on two clocks: steps, one per forward pass
-    (the same on every machine), and seconds (each engine step lasts what it took here; waiting for a request that
-    has not arrived takes no time on the steps clock, and jumps to its arrival on the seconds clock)."""
-
-    submitted: np.ndarray  # [R] the step before which each request was submitted
-    first_step: np.ndarray  # [R] the step its first token came out in
-    last_step: np.ndarray  # [R] the step its last token came out in
-    new: np.ndarray  # [R] tokens it got
-    ttft_s: np.ndarray  # [R] seconds from its arrival to its first token
-    tpot_s: np.ndarray  # [R] seconds per token after the first (nan for a single token)
-    step_tokens: np.ndarray  # [steps] tokens each forward pass processed (prompts and decodes); nan where none ran
-    step_seconds: np.ndarray  # [steps] seconds each took (an engine step of two passes is charged to its second)
-    wait_tokens: np.ndarray  # [tokens after each first] tokens processed between the token and the one before it
-    outputs: dict  # request index -> its tokens
-    preemptions: int | None  # the Engine's count; None for lesson 09's Batcher, which never preempts
-
-    def summary(self):
-        """Throughput; TTFT and TPOT as (median, p90) on both clocks; the tokens a request waited for between two of
-        its tokens as (median, p99): one long step shows in the tail."""
-        ran = ~np.isnan(self.step_tokens)
-        steps = self.last_step.max() + 1 - self.submitted.min()
-        tpot_steps = np.where(self.new > 1, (self.last_step - self.first_step) / np.maximum(self.new - 1, 1), np.nan)
-        return dict(tokens_per_step=self.new.sum() / steps, tokens_per_s=self.new.sum() / self.step_seconds[ran].sum(),
-                    ttft_steps=_quantiles(self.first_step - self.submitted + 1), tpot_steps=_quantiles(tpot_steps),
-                    wait_tokens=_quantiles(self.wait_tokens, 99), ttft_s=_quantiles(self.ttft_s),
-                    tpot_s=_quantiles(self.tpot_s), preemptions=self.preemptions)
-
-
-def _quantiles(x, tail=90):
-    """-> (median, the `tail` percentile) of the numbers that are not nan."""
-    x = np.asarray(x, float)
-    x = x[~np.isnan(x)]
-    return (float(np.median(x)), float(np.percentile(x, tail))) if x.size else (math.nan, math.nan)
-
-
-def replay(engine, trace, clock="steps"):
-    """Run a trace on an engine -> Replay. trace: [(arrival, prompt ids, max_new_tokens)], arrivals on `clock`:
-    "steps" (a request arriving at t is submitted before forward pass ceil(t)) or "seconds" (submitted at the first
-    step boundary after it arrives, the clock advanced by each step's wall-clock time). engine: an Engine, or lesson
-    09's batch.Batcher, whose step is two forward passes when it admits: the new prompts, whole, then every decode."""
-    if clock not in ("steps", "seconds"):
-        raise ValueError(f"clock must be 'steps' or 'seconds'; got clock={clock!r}")
-    R = len(trace)
-    order = sorted(range(R), key=lambda i: trace[i][0])
-    submitted, first, last, new = np.full(R, -1), np.full(R, -1), np.full(R, -1), np.zeros(R, int)
-    start, ttft, last_s = np.zeros(R), np.full(R, math.nan), np.full(R, math.nan)  # seconds on the clock
-    seen = np.zeros(R)  # tokens processed, in all, when each request's latest token came out
-    step_tokens, step_seconds, wait, outputs, index = [], [], [], {i: [] for i in range(R)}, {}
-    seconds, s, k, processed = 0.0, 0, 0, 0
-    while k < R or not engine.done:
-        now = s if clock == "steps" else seconds
-        while k < R and trace[order[k]][0] <= now:
-            i = order[k]
-            index[engine.submit(list(trace[i][1]), trace[i][2])] = i
-            submitted[i], start[i], k = s, seconds if clock == "steps" else trace[i][0], k + 1
-        if engine.done:  # nothing to run until the next arrival
-            if clock == "steps":
-                step_tokens.append(math.nan)
-                step_seconds.append(0.0)
-                s += 1
-            else:
-                seconds = trace[order[k]][0]
-            continue
-        t0 = time.perf_counter()
-        out = engine.step()
-        took = time.perf_counter() - t0
-        seconds += took
-        passes = _passes(engine, out, new, index, trace)
-        for n, (tokens, emitted) in enumerate(passes):
-            processed += tokens
-            step_tokens.append(tokens)
-            step_seconds.append(took if n == len(passes) - 1 else 0.0)
-            for rid, token in emitted:
-                i = index[rid]
-                if new[i] == 0:
-                    first[i], ttft[i] = s, seconds - start[i]
-                else:
-                    wait.append(processed - seen[i])
-                new[i], seen[i], last[i], last_s[i] = new[i] + 1, processed, s, seconds
-                outputs[i].append(token)
-            s += 1
-    tpot = np.where(new > 1, (last_s - (start + ttft)) / np.maximum(new - 1, 1), math.nan)
-    return Replay(submitted, first, last, new, ttft, tpot, np.array(step_tokens, float), np.array(step_seconds),
-                  np.array(wait, float), outputs, engine.stats["preemptions"] if isinstance(engine, Engine) else None)
-
-
-def _passes(engine, out, new, index, trace):
-    """-> [(tokens processed, [(rid, token) emitted])] for each forward pass of the step just run. The Engine runs one
-    and logs its tokens; lesson 09's Batcher first prefills the requests it admitted (whole prompts: their first
-    tokens), then decodes every running sequence (one token each)."""
-    if isinstance(engine, Engine):
-        return [(engine.log[-1]["tokens"], out)]
-    admitted = len({rid for rid, _ in out if new[index[rid]] == 0})
-    prefilled, decoded = out[:admitted], out[admitted:]  # Batcher.step lists the prefill's tokens first
-    passes = [(sum(len(trace[index[rid]][1]) for rid, _ in prefilled), prefilled)] if prefilled else []
-    return passes + ([(len(decoded), decoded)] if decoded else [])

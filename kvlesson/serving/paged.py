@@ -14,6 +14,10 @@ Sharing is by reference count. A full shared block is never written again, so it
 shared block is copied the moment either side writes into it (copy-on-write): the writer gets a private copy,
 and the other sequences keep the original.
 
+Every method checks its arguments and that the pool can do all of it before anything moves. A step of an engine, which
+reserves blocks and then runs a forward pass that may be cut short (Ctrl-C), runs inside `with pool.atomic():` and
+then happens whole or not at all.
+
 Two more things a scheduler needs (kvlesson.serving.engine, lesson 13):
   - automatic prefix caching (vLLM's APC). A full block is known by a key hashed over every token from the start of
     its sequence to the block's end, chained block by block (block_hash). publish(seq, ids) registers a sequence's
@@ -23,15 +27,41 @@ Two more things a scheduler needs (kvlesson.serving.engine, lesson 13):
   - swapping: swap_out(seq) copies a sequence's blocks to host memory (a SwappedSequence) and frees them;
     swap_in(swapped) copies them back into free blocks, as a new sequence with the same keys and values.
 """
+import contextlib
 import hashlib
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvlesson import validate
+from kvlesson import atomic, validate
 from kvlesson.cache import Cache, float_dtype
+
+
+def blocks_for(positions: int, block_size: int) -> int:
+    """Blocks that hold `positions` positions: the last one may be partly filled."""
+    return -(-positions // block_size)
+
+
+def request_blocks(prompt: int, max_new_tokens: int, block_size: int) -> int:
+    """Blocks a request holds at its longest: its prompt and every new token but the last, which comes out of the last
+    forward pass and is never fed back."""
+    return blocks_for(prompt + max(max_new_tokens - 1, 0), block_size)
+
+
+def read_pages(k: np.ndarray, v: np.ndarray, tables: np.ndarray, S: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pool arrays k, v [Hkv, n_blocks, block_size, d] (or one layer's heads of them), block tables int [B, n] ->
+    K, V [Hkv, B, S, d]: each sequence's first S positions in order. The one place pages are read: numpy cannot
+    multiply through a block table, so whole blocks are copied out in table order (a GPU kernel reads them in place).
+    Past a sequence's own length come whatever its table's padding points at; the caller masks them."""
+    Hkv, _, bs, d = k.shape
+    B, n = tables.shape
+    n = blocks_for(S, bs)  # only the blocks that hold the first S positions
+    shape = (Hkv, B, n * bs, d)
+    return (np.take(k, tables[:, :n], axis=1).reshape(shape)[:, :, :S],
+            np.take(v, tables[:, :n], axis=1).reshape(shape)[:, :, :S])
 
 
 def block_hash(parent, tokens):
@@ -71,7 +101,7 @@ class SwappedSequence:
 class PagedKVCache:
     """One pool of n_blocks blocks of block_size positions: K and V [Hkv, n_blocks, block_size, d].
 
-    The Hkv heads are one layer's KV heads, or every layer's at once (kvlesson.serving.batch.model_pool), so that one
+    The Hkv heads are one layer's KV heads, or every layer's at once (kvlesson.serving.forward.model_pool), so that one
     block table serves a whole model. Each sequence owns a block table, the physical blocks that hold its positions in
     order. Every method checks its arguments and that the pool can do all of it before anything moves, so a refused
     call (ValueError, TypeError) leaves every sequence as it was.
@@ -99,6 +129,60 @@ class PagedKVCache:
         self._block_of, self._key_of = {}, {}
         self._idle = OrderedDict()
         self._keys = {}
+        self._saved = None  # inside atomic(): block -> its K and V as they were, for every held block overwritten
+        self._held_at_start = None
+
+    # ---- all or nothing
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Whatever is done to the pool inside the block happens whole, or not at all if anything escapes it (an
+        error, KeyboardInterrupt): every table, length, count, cache key and every block a sequence or the prefix cache
+        held is put back as it was. The bookkeeping is copied up front (lists of a few hundred ints); a block's keys and
+        values are copied only when a held block is about to be overwritten. Nested blocks belong to the outermost."""
+        if self._saved is not None:
+            yield
+            return
+        books = self._books()
+        self._held_at_start = set(range(self.n_blocks)).difference(self._free)  # contents someone can still read
+        self._saved = {}
+        try:
+            with atomic.undo_on_error(lambda: self._put_back(books)):
+                yield
+        finally:
+            self._saved, self._held_at_start = None, None
+
+    def checkpoint(self):
+        """-> restore(): puts every table, length, count and cache key back as it is now, after a forward pass over
+        sequence views or a truncate in between (blocks only taken, or only released, not both). A cached block that
+        was taken meanwhile may hold other keys now, so it comes back free instead of cached: a lost cache entry, never
+        a wrong one. An engine's step, which frees and retakes blocks, uses atomic() instead."""
+        books = self._books()
+
+        def restore():
+            taken = [b for b in books["_idle"] if b not in self._idle]  # evicted meanwhile: contents unknown
+            vars(self).update(books)
+            for block in taken:
+                self._forget(block)
+                self._free.append(block)
+        return restore
+
+    def _books(self):
+        """-> a copy of the bookkeeping: every list and dict of it, down to each sequence's table and keys."""
+        return dict(refs=list(self.refs), _free=list(self._free), _tables={s: list(t) for s, t in self._tables.items()},
+                    _lens=dict(self._lens), _keys={s: list(k) for s, k in self._keys.items()},
+                    _block_of=dict(self._block_of), _key_of=dict(self._key_of), _idle=OrderedDict(self._idle),
+                    _next_id=self._next_id)
+
+    def _put_back(self, books):
+        for block, (k, v) in self._saved.items():
+            self.k[:, block], self.v[:, block] = k, v
+        vars(self).update(books)
+
+    def _overwriting(self, block):
+        """Called before `block` is given new contents: inside atomic(), keep what it held, once."""
+        if self._saved is not None and block in self._held_at_start and block not in self._saved:
+            self._saved[block] = (self.k[:, block].copy(), self.v[:, block].copy())
 
     # ---- sequences
 
@@ -131,7 +215,7 @@ class PagedKVCache:
         n = validate.integer("n", n)
         if n > self._lens[seq]:
             raise ValueError(f"truncate(n={n}): sequence {seq} holds only {self._lens[seq]} positions")
-        keep = math.ceil(n / self.block_size)
+        keep = blocks_for(n, self.block_size)
         self._release(table[keep:])
         del table[keep:]
         del self._keys[seq][n // self.block_size :]  # a block cut short is no longer full
@@ -181,9 +265,15 @@ class PagedKVCache:
     def needed(self, seq, T):
         """Blocks that T more positions of `seq` would take from the free list: the new blocks it crosses into, and
         one more when its last block is partly filled and shared (it is copied before it is written)."""
-        table, T = self._table(seq), validate.integer("T", T)
-        L, bs = self._lens[seq], self.block_size
-        return math.ceil((L + T) / bs) - len(table) + (T > 0 and L % bs != 0 and self.refs[table[-1]] > 1)
+        fresh, shared_tail = self._growth(seq, validate.integer("T", T))
+        return fresh + shared_tail
+
+    def _growth(self, seq, T):
+        """-> (blocks T more positions cross into, whether the last block is partly filled and shared: copied first)."""
+        table, L = self._table(seq), self._lens[seq]
+        fresh = blocks_for(L + T, self.block_size) - len(table)
+        shared_tail = T > 0 and L % self.block_size != 0 and self.refs[table[-1]] > 1
+        return fresh, shared_tail
 
     def reserve(self, seq, T):
         """Make room for T more positions of `seq` -> (blocks [T], slots [T]), where they go.
@@ -197,9 +287,9 @@ class PagedKVCache:
             raise ValueError(f"out of blocks: sequence {seq} needs {need} more to hold {self._lens[seq]} + T={T} "
                              f"positions, and {self.blocks_free} of {self.n_blocks} are free")
         table, L, bs = self._tables[seq], self._lens[seq], self.block_size
-        shared_tail = T > 0 and L % bs != 0 and self.refs[table[-1]] > 1
-        fresh = math.ceil((L + T) / bs) - len(table)
+        fresh, shared_tail = self._growth(seq, T)
         if T > 0 and L % bs != 0 and not shared_tail and table[-1] in self._key_of:
+            self._overwriting(table[-1])
             self._forget(table[-1])  # its only user is about to write into it: it no longer holds what its key names
         if shared_tail:  # copy-on-write: this sequence gets a private copy, the others keep the original
             old, new = table[-1], self._take()
@@ -239,7 +329,7 @@ class PagedKVCache:
         bs = self.block_size
         idle = sum(self.refs[b] == 0 for b in hits)
         copy = held % bs != 0 and len(ids) > held and self.refs[hits[-1]] > 0  # shared once adopted
-        return held, idle + math.ceil(len(ids) / bs) - len(hits) + copy
+        return held, idle + blocks_for(len(ids), bs) - len(hits) + copy
 
     def new_cached_sequence(self, ids, limit=None):
         """-> (id, positions): a new sequence that starts on every cached block of the longest cached prefix of ids, at
@@ -294,10 +384,8 @@ class PagedKVCache:
     def gather(self, seq):
         """-> (K, V) [Hkv, S, d]: the sequence's keys and values in position order, read through its table."""
         table, S = self._table(seq), self._lens[seq]
-        shape = (self.Hkv, len(table) * self.block_size, self.d)
-        K = np.take(self.k, table, axis=1).reshape(shape)  # a copy of whole blocks, in the table's order
-        V = np.take(self.v, table, axis=1).reshape(shape)
-        return K[:, :S], V[:, :S]
+        K, V = read_pages(self.k, self.v, np.asarray([table], dtype=np.intp).reshape(1, -1), S)  # [Hkv, 1, S, d]
+        return K[:, 0], V[:, 0]
 
     # ---- bookkeeping
 
@@ -313,6 +401,7 @@ class PagedKVCache:
         else:
             block = next(iter(self._idle))
             self._forget(block)
+        self._overwriting(block)
         self.refs[block] = 1
         return block
 
@@ -350,6 +439,9 @@ class PagedSequence(Cache):
     It keeps no state of its own: the position and the blocks live in the pool, so two views of one sequence
     always agree. The append checks (shapes, dtype) are those of every kvlesson cache.
     """
+
+    def checkpoint(self):
+        return self.pool.checkpoint()  # the position and the blocks live in the pool
 
     def __init__(self, pool, seq):  # no Cache.__init__: the position lives in the pool, not here
         self.pool, self.id = pool, seq

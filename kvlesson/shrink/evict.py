@@ -36,6 +36,8 @@ class ScoredKVCache(Cache):
     A subclass evicts by overriding _rule.
     """
 
+    appends = "new arrays"  # an append keeps what it selects as new arrays
+
     def __init__(self, Hkv, d, dtype=np.float64):
         super().__init__(Hkv, d, dtype)
         self.held = np.zeros(0, np.int64)  # [m]

@@ -174,6 +174,8 @@ class LowPrecisionKVCache(Cache):
     key larger than any it was calibrated on.
     """
 
+    appends = "writes past end"
+
     def __init__(self, Hkv, d, capacity, store=bfloat16, dtype=np.float32, *, k_scale=None, v_scale=None,
                  saturate=False):
         super().__init__(Hkv, d, dtype)

@@ -38,7 +38,8 @@ PART_ONE = ("01_attention", "02_why_a_cache", "03_kv_cache", "04_offset_mask", "
             "07_sliding_window", "08_real_model")
 PART_TWO = ("09_many_sequences", "10_precision", "11_shrink_and_stretch", "12_interview_drill")
 PART_THREE = ("13_scheduler", "14_speculative")
-LESSONS = ("00_start_here", *PART_ONE, *PART_TWO, *PART_THREE)
+PART_FOUR = ("15_many_devices",)
+LESSONS = ("00_start_here", *PART_ONE, *PART_TWO, *PART_THREE, *PART_FOUR)
 
 
 def count_words(text):
@@ -374,7 +375,7 @@ def homework(sessions, found):
             elif block.kind == "demo":
                 done.setdefault(block.what, 0)
     items = []
-    for name in PART_ONE + PART_TWO + PART_THREE:
+    for name in PART_ONE + PART_TWO + PART_THREE + PART_FOUR:
         lesson = found[name]
         if lesson.problem:
             continue

@@ -9,6 +9,7 @@ from kvlesson.teaching.checks.drill import *  # noqa: F403  lesson 12
 from kvlesson.teaching.checks.gqa import *  # noqa: F403  lesson 05
 from kvlesson.teaching.checks.many import *  # noqa: F403  lesson 09
 from kvlesson.teaching.checks.mask import *  # noqa: F403  lesson 04
+from kvlesson.teaching.checks.parallel import *  # noqa: F403  lesson 15
 from kvlesson.teaching.checks.precision import *  # noqa: F403  lesson 10
 from kvlesson.teaching.checks.real_model import *  # noqa: F403  lesson 08
 from kvlesson.teaching.checks.rope import *  # noqa: F403  lesson 06

@@ -41,7 +41,7 @@ def _explaining_slip(answers, slips):
 
 
 
-def _answers(fn, cases, reference):
+def numeric_answers(fn, cases, reference):
     """Run fn on every case: [(args, got, want)], each got a finite number (else a NOT YET)."""
     answers = []
     for case, args in cases:
@@ -50,7 +50,7 @@ def _answers(fn, cases, reference):
     return answers
 
 
-def _verdict_on(answers, cases, slips, unit, generic_hint, summary):
+def numeric_verdict(answers, cases, slips, unit, generic_hint, summary):
     wrong = [(a, case) for a, (case, _) in zip(answers, cases, strict=True) if not _close(a[1], a[2])]
     if not wrong:
         return passed(summary)
@@ -116,8 +116,8 @@ _TOKEN_SLIPS = [
 @checker
 def check_cache_bytes_per_token(fn):
     """fn(spec, bytes_per_element) -> bytes one token adds to the cache, over all layers, K and V."""
-    answers = _answers(fn, _TOKEN_CASES, _per_token)
-    return _verdict_on(answers, _TOKEN_CASES, _TOKEN_SLIPS, "B",
+    answers = numeric_answers(fn, _TOKEN_CASES, _per_token)
+    return numeric_verdict(answers, _TOKEN_CASES, _TOKEN_SLIPS, "B",
                        "multiply 2 (K and V) x n_layers x Hkv x d x bytes per element, and nothing else",
                        "2 x n_layers x Hkv x d x bytes: K and V, every layer, KV heads only, d as the config sets it")
 
@@ -344,8 +344,8 @@ _FLOOR_SLIPS = [
 @checker
 def check_decode_floor(fn):
     """fn(spec, accel, context, batch) -> milliseconds per decode step, weights and cache in bf16 (2 bytes)."""
-    answers = _answers(fn, _FLOOR_CASES, _floor_ms)
-    return _verdict_on(answers, _FLOOR_CASES, _FLOOR_SLIPS, "ms",
+    answers = numeric_answers(fn, _FLOOR_CASES, _floor_ms)
+    return numeric_verdict(answers, _FLOOR_CASES, _FLOOR_SLIPS, "ms",
                        "bytes moved = params x 2 + 2 x n_layers x Hkv x d x 2 x context x batch; "
                        "divide by accel.bandwidth (bytes/s) and multiply by 1000",
                        "(weights once + every sequence's K and V) / bandwidth, in milliseconds")
