@@ -465,3 +465,19 @@ def test_saving_over_an_intact_copy_keeps_it(tmp_path, capsys):
                                                        "that copy is kept.")
     assert os.stat(folder / "manifest.json").st_ino == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.f32", "tiny.gguf"]
+
+
+def test_a_writer_that_holds_the_lock_too_long_is_waited_for_then_read_around(tmp_path, cache_dir, capsys,
+                                                                               monkeypatch):
+    """Another process holds the lock past the wait (a writer stopped in a debugger, say): the load says it waited,
+    reads the GGUF file itself, and writes no copy beside the one being written."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    folder = f32cache.folder_for(cache_dir, path, fetch.sha256_of(path))
+    monkeypatch.setattr(f32cache, "WAIT", 0.3)
+    with f32cache.one_writer(folder) as why_not:  # a second open file description: flock treats it as another holder
+        assert why_not is None
+        model = llama.load(path, sha256=None)
+    said = capsys.readouterr().out
+    assert "another process is writing the float32 copy" in said and "waiting for it" in said, said
+    assert "could not keep a float32 copy" in said and "another process has been writing it for over 0.3 s" in said
+    assert model.generate([0, 1], 2) and not folder.exists()

@@ -107,16 +107,17 @@ def _put_in_place(tmp, folder):
 
 
 @contextlib.contextmanager
-def one_writer(folder, wait=WAIT):
+def one_writer(folder, wait=None):
     """Build `folder`'s copy inside this block, one process at a time -> None while this process may write it, or
-    a sentence saying why it may not (the folder cannot be written; another process held it past `wait` seconds).
+    a sentence saying why it may not (the folder cannot be written; another process held it past `wait` seconds,
+    default WAIT).
 
     A process that finds the copy missing or damaged takes the lock, then looks again: another process may have
     finished it meanwhile. The lock is the operating system's (flock; msvcrt.locking on Windows), so it dies with
     the process that holds it and is never stale. Whoever holds it is the only writer, so it removes every
     temporary folder of this copy it finds: a writer killed mid-write (SIGTERM, SIGKILL, a power cut) left it.
     """
-    folder = Path(folder)
+    folder, wait = Path(folder), WAIT if wait is None else wait
     lock = folder.with_name(f"{folder.name}.lock")
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
