@@ -28,6 +28,7 @@ from kvlesson.teaching.student import (
     ANSWER_STUB,
     ANSWER_TAG,
     CLEAR_SOLUTIONS,
+    NOTEBOOKS,
     check_markers,
     read_lessons,
     refuse_to_write_into,
@@ -36,7 +37,6 @@ from kvlesson.teaching.student import (
 )
 
 POINTS = 1  # per exercise, unless told otherwise
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # nbgrader's limit on one cell's run time during autograde; its own default (30 s) leaves no margin for the float64
 # measurements of lessons 10 and 11 on a slow or busy machine. 600 s is what the guide's nbconvert command gives.
 CELL_TIMEOUT = 600
