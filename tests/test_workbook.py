@@ -88,3 +88,13 @@ def test_no_nbgrader_needed(tmp_path, module):
     assert run.returncode == 0 and run.stderr == "", run.stderr
     copy = nbformat.read(tmp_path / FOLDER / "01_a.ipynb", as_version=4)
     assert copy.cells[0].source == 'def f(x):\n    raise NotImplementedError("your turn")'
+
+
+def test_the_readmes_reading_recipe_opens_lesson_00_of_the_workbook():
+    """The README's set-up: install, make the workbook, open its lesson 00 (never notebooks/, the answer key)."""
+    from tests.test_readme import recipe
+
+    install, make, lab = recipe("Read the series")
+    assert install == "pip install -r requirements.txt" and make == "python -m kvlesson.teaching.workbook"
+    assert lab.startswith("jupyter lab --notebook-dir=. ") and lab.endswith(f" {FOLDER}/00_start_here.ipynb")
+    assert NOTEBOOKS == ROOT / "notebooks" and (NOTEBOOKS / "00_start_here.ipynb").is_file()  # the default --src

@@ -48,7 +48,9 @@ c.CourseDirectory.course_id = "kvlesson"
 # how the lessons mark a solution, and what a student copy holds instead (the same as the student tool's)
 {clear}
 c.Execute.timeout = {timeout}  # seconds per cell during autograde
-# where release_assignment, fetch_assignment, submit and collect meet: a folder every account can write to
+# The exchange, where release_assignment, fetch_assignment, submit and collect meet: nbgrader's default,
+# /usr/local/share/nbgrader/exchange, made once by an administrator and writable by every account. Another folder
+# goes here AND into every student's ~/.jupyter/nbgrader_config.py: a student's nbgrader never reads this file.
 # c.Exchange.root = "/srv/nbgrader/exchange"
 '''
 
