@@ -128,6 +128,23 @@ def test_the_command_refuses_an_unknown_lesson_and_a_course_already_there(tmp_pa
     assert "refusing to write" in capsys.readouterr().err
 
 
+def test_a_folder_in_place_of_the_config_writes_nothing(tmp_path, capsys):
+    """Issue 33: with --force and a folder named nbgrader_config.py, the command replaced the instructor's source
+    notebooks, then failed with "Is a directory". Everything is checked before anything is written."""
+    course = tmp_path / "c"
+    assert main([str(course), "04"]) == 0
+    mine = course / "source" / LESSON / f"{LESSON}.ipynb"
+    mine.write_text(mine.read_text().replace("Exercise 1", "My exercise 1"))  # an instructor's edit
+    before = mine.read_bytes()
+    (course / "nbgrader_config.py").unlink()
+    (course / "nbgrader_config.py").mkdir()
+    capsys.readouterr()
+    assert main([str(course), "04", "--force"]) == 1
+    assert "nbgrader_config.py is in the way" in capsys.readouterr().err
+    assert mine.read_bytes() == before
+    assert sorted(p.name for p in mine.parent.iterdir()) == [mine.name]  # no temporary file left either
+
+
 # ---- the whole workflow, in nbgrader
 
 def _nbgrader(cwd, *args, env=None):

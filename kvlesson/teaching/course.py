@@ -145,11 +145,9 @@ def write_course(dest, lessons=(), src=NOTEBOOKS, points=POINTS, force=False):
         if not exercises:
             raise ValueError(f"{stem} has no exercise to grade")
         made.append((dest / "source" / stem / f"{stem}.ipynb", nb, exercises))
-    config = dest / "nbgrader_config.py"
-    if config.exists() and not force:
-        raise ValueError(f"{config} already exists; nothing was written. Pick another folder, or pass --force")
-    write_notebooks([(path, nb) for path, nb, _ in made], force)
-    config.write_text(config_text(), encoding="utf-8")
+    # the config with the notebooks, all or none: issue 33, a folder named nbgrader_config.py stopped a --force run
+    # after it had replaced the instructor's source notebooks
+    write_notebooks([(path, nb) for path, nb, _ in made] + [(dest / "nbgrader_config.py", config_text())], force)
     return [(path, exercises) for path, _, exercises in made]
 
 

@@ -349,7 +349,8 @@ def read_lessons(src):
 
 
 def write_notebooks(files, force=False):
-    """Write every (path, notebook) of `files`, all or none, making the folders they need.
+    """Write every (path, notebook) of `files`, all or none, making the folders they need (a str in place of a
+    notebook is written as text: an nbgrader config beside the course's notebooks).
 
     ValueError, before anything is written, when a file exists and not `force` (it may hold a learner's work), or
     when something other than a file stands where one must go. A write that fails (OSError, the caller's to report)
@@ -374,7 +375,7 @@ def write_notebooks(files, force=False):
             folder.mkdir()
             made.append(folder)
         for tmp, _, nb in staged:
-            nbformat.write(nb, tmp)
+            tmp.write_text(nb, encoding="utf-8") if isinstance(nb, str) else nbformat.write(nb, tmp)
     except BaseException:
         for tmp, _, _ in staged:
             tmp.unlink(missing_ok=True)
