@@ -35,7 +35,7 @@ the core and the leaves (validate, configs, text), never each other upwards; not
   shrink/          quant (integer codes), sinks (attention sinks), mla (a latent cache), precision (16-bit floats)
   costs/           memory (bytes), flops, roofline, perplexity (the ruler), tolerance (float32 drift)
   teaching/        verdict, checks (the exercises' checkers), widgets (explorers), drill (lesson 12), syllabus,
-                   student (student copies)
+                   student (student copies), workbook (a learner's own copies), course (an nbgrader course)
 """
 from kvlesson import speculative
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache

@@ -8,6 +8,8 @@ lesson 12's page named every suspect's bug.
 """
 import json
 
+import nbformat
+
 from kvlesson.teaching.student import student_notebook
 
 
@@ -19,5 +21,5 @@ def setup(app):
 def as_student_copy(app, docname, source):
     if not app.env.doc2path(docname).endswith(".ipynb"):
         return
-    copy, _ = student_notebook(json.loads(source[0]), f"{docname}.ipynb")
+    copy, _ = student_notebook(nbformat.reads(source[0], as_version=4), f"{docname}.ipynb")
     source[0] = json.dumps(copy)
