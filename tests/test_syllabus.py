@@ -242,3 +242,13 @@ def test_the_guides_verdict_script_reads_each_exercises_checker(tmp_path):
         "Deleted: checker cell missing from the student's copy",
         "never_ran: no verdict (the cell did not run)",
     ]
+
+
+def test_the_30_second_answer_fits_in_30_seconds():
+    """Issue 32: "the 30-second answer" of lesson 00 was 168 words, over a minute aloud. At most 80 words: each run of
+    characters between spaces that holds a letter or a digit counts (`j <= S - T + i` is four)."""
+    cells = syllabus.read_cells(NOTEBOOKS / "00_start_here.ipynb")
+    (cell,) = [c for c in cells if c["cell_type"] == "markdown" and "The 30-second answer" in syllabus._source(c)]
+    quoted = " ".join(line[1:] for line in syllabus._source(cell).splitlines() if line.startswith(">"))
+    words = [w for w in quoted.split() if re.search(r"[A-Za-z0-9]", w)]
+    assert 40 <= len(words) <= 80, f"{len(words)} words"
