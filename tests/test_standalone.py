@@ -200,3 +200,20 @@ def test_the_lesson_runs_alone_from_the_installed_wheel(standalone_python, lesso
     shutil.copy(ROOT / SANITIZE, tmp_path)
     run([standalone_python, "-m", "pytest", *nbval_options(), "-p", "no:cacheprovider", "-q", f"{lesson}.ipynb"],
         cwd=tmp_path, venv=standalone_python.parent.parent, timeout=ONE_LESSON_TIMEOUT)
+
+
+def test_the_workbook_is_made_without_nbgrader(standalone_python, tmp_path):
+    """Issue 32: the learner's unsolved copies come from the learner's own install, which has no nbgrader (the
+    student tool used to fail there with ModuleNotFoundError). Two lessons, copied as a clone holds them."""
+    venv = standalone_python.parent.parent
+    missing = run([standalone_python, "-c", "import importlib.util; print(importlib.util.find_spec('nbgrader'))"],
+                  cwd=tmp_path, venv=venv)
+    assert missing.strip() == "None", "the standalone venv has nbgrader: this test would prove nothing"
+    (tmp_path / "notebooks").mkdir()
+    for lesson in ("00_start_here", "04_offset_mask"):
+        shutil.copy(ROOT / "notebooks" / f"{lesson}.ipynb", tmp_path / "notebooks")
+    said = run([standalone_python, "-m", "kvlesson.teaching.workbook", "--src", "notebooks"], cwd=tmp_path, venv=venv)
+    assert "04_offset_mask.ipynb: written, 2 solution blocks for you to write" in said, said
+    code = "".join("".join(c["source"]) for c in json.loads((tmp_path / "workbook" / "04_offset_mask.ipynb").read_text(
+        encoding="utf-8"))["cells"] if c["cell_type"] == "code")
+    assert "### BEGIN SOLUTION" not in code and code.count('raise NotImplementedError("your turn")') == 2
