@@ -113,7 +113,7 @@ def weighted_values(p, v, visible=None):
     plain product would carry an inf or NaN value to rows that never see it. A row that does see one gets what IEEE
     arithmetic gives it: p * inf, or 0 * inf = NaN for a seen key of weight 0.
     """
-    if visible is None or np.isfinite(v).all():
+    if visible is None or np.isfinite(v.sum(dtype=np.float64)):  # a sum, not an array of flags the size of v
         return p @ v
     bad = ~np.isfinite(v).all(axis=-1)  # [..., S] keys whose value holds an inf or a NaN
     out = p @ np.where(bad[..., None], 0, v)  # [..., R, d]: every row, over the finite values only
