@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlesson import validate
+from kvlesson.configs import ModelLike
 from kvlesson.serving.batch import Batcher
 from kvlesson.serving.engine import Engine
 
@@ -28,7 +29,7 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> np.ndarray:
     return np.cumsum(gaps) - gaps[0]
 
 
-def chat_trace(model: "kvlesson.llama.Model", rate: float, n: int, new: int, seed: int = 13, system: int = 60,
+def chat_trace(model: ModelLike, rate: float, n: int, new: int, seed: int = 13, system: int = 60,
                passages: Sequence[int] = (4, 8, 16, 32)) -> list[tuple[float, list[int], int]]:
     """-> [(arrival, prompt ids, new)]: n chat requests for `new` tokens each, arriving as a Poisson process of `rate`
     (seeded). Every request has the same system prompt, the shipped text's first `system` tokens, and asks about a
