@@ -65,7 +65,7 @@ class Cache:
     #   "writes past end"   writes only past len(cache), and truncate only moves the length: keep the length.
     appends = "writes anywhere"
 
-    def __init__(self, Hkv, d, dtype):
+    def __init__(self, Hkv: int, d: int, dtype: np.dtype):
         self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
         self.dtype = float_dtype(dtype)
         self._seen = 0  # the one place the position advances
@@ -146,7 +146,7 @@ def checkpoint(cache: CacheLike) -> Callable[[], None]:
     return lambda: cache.truncate(n) if hasattr(cache, "truncate") and len(cache) > n else None
 
 
-def rules(cache):
+def rules(cache: CacheLike) -> tuple[int | None, int | None, np.dtype | None]:
     """-> (window, capacity, dtype) of any cache, with the protocol's defaults for a class that has only the required
     parts. The one place kvlesson reads a cache's optional attributes."""
     if isinstance(cache, Cache):
@@ -159,12 +159,12 @@ class KVCache(Cache):
 
     appends = "new arrays"
 
-    def __init__(self, Hkv, d, dtype=np.float64):
+    def __init__(self, Hkv: int, d: int, dtype: np.dtype = np.float64):
         super().__init__(Hkv, d, dtype)
         self.k = np.zeros((Hkv, 0, d), self.dtype)  # [Hkv, S, d]
         self.v = np.zeros((Hkv, 0, d), self.dtype)
 
-    def append(self, k_new, v_new):
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k_new, v_new, T = self._check(k_new, v_new)
         if T:
             self.k = np.concatenate([self.k, k_new], axis=1)
@@ -172,12 +172,12 @@ class KVCache(Cache):
             self._seen += T
         return self.k, self.v
 
-    def truncate(self, n):
+    def truncate(self, n: int) -> None:
         n = self._check_truncate(n)
         self.k, self.v, self._seen = self.k[:, :n].copy(), self.v[:, :n].copy(), n
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
 
@@ -186,13 +186,13 @@ class StaticKVCache(Cache):
 
     appends = "writes past end"
 
-    def __init__(self, Hkv, d, capacity, dtype=np.float64):
+    def __init__(self, Hkv: int, d: int, capacity: int, dtype: np.dtype = np.float64):
         super().__init__(Hkv, d, dtype)
         self.capacity = validate.integer("capacity", capacity)
         self.k = np.zeros((Hkv, capacity, d), self.dtype)  # [Hkv, capacity, d]
         self.v = np.zeros((Hkv, capacity, d), self.dtype)
 
-    def append(self, k_new, v_new):
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k_new, v_new, T = self._check(k_new, v_new)
         S = self._seen + T
         if S > self.capacity:
@@ -204,11 +204,11 @@ class StaticKVCache(Cache):
         self._seen = S
         return self.k[:, :S], self.v[:, :S]  # views, no copy
 
-    def truncate(self, n):
+    def truncate(self, n: int) -> None:
         self._seen = self._check_truncate(n)  # the positions past n are overwritten by the next append
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
 
@@ -222,7 +222,7 @@ class WindowKVCache(Cache):
     W - 1 slots has already overwritten what a rollback would need). Absolute position p lives in slot p % slots.
     """
 
-    def __init__(self, Hkv, d, window, dtype=np.float64, *, slack=0):
+    def __init__(self, Hkv: int, d: int, window: int, dtype: np.dtype = np.float64, *, slack: int = 0):
         super().__init__(Hkv, d, dtype)
         self.window = validate.integer("window", window, minimum=1)
         self.slack = validate.integer("slack", slack)
@@ -231,7 +231,7 @@ class WindowKVCache(Cache):
         self.v = np.zeros((Hkv, self.slots, d), self.dtype)
         self._oldest = 0  # the furthest back truncate may go: positions before it have been overwritten
 
-    def append(self, k_new, v_new):
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k_new, v_new, T = self._check(k_new, v_new)
         held = min(self._seen, self.window - 1)  # only the last W - 1 are attended over
         ring = np.arange(self._seen - held, self._seen) % max(self.slots, 1)  # [held], oldest first
@@ -248,16 +248,16 @@ class WindowKVCache(Cache):
             self._oldest = max(self._oldest, self._seen - self.slack)
         return K, V
 
-    def truncate(self, n):
+    def truncate(self, n: int) -> None:
         self._seen = self._check_truncate(n, self._oldest)
         # the slots of positions n .. are stale, and positions n - slots .. n - 1 are all still in the ring
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
 
-def float_dtype(dtype):
+def float_dtype(dtype: np.dtype) -> np.dtype:
     """-> a numpy floating dtype; a cache of integers would truncate every key."""
     try:
         dt = np.dtype(dtype)

@@ -9,6 +9,7 @@ dense models are not typed in: they are counted from the tensor shapes their con
 `Config.params`), and the comment gives the rounded figure the model page publishes, so the two can be compared.
 """
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +53,14 @@ class Config:
         attn = D * H * d + 2 * D * Hkv * d + H * d * D + ((H + 2 * Hkv) * d if self.qkv_bias else 0)
         layer = attn + 3 * D * self.hidden + 2 * D
         return self.n_layers * layer + self.vocab * D * (1 if self.tied else 2) + D
+
+
+class ModelLike(Protocol):
+    """What the engines and speculative decoding need of a model: kvlesson.llama.Model, or a tiny one made of
+    kvlesson.model.tiny_config and random_weights (a SimpleNamespace with these two attributes does)."""
+
+    config: Config
+    weights: dict
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,7 +66,8 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: CacheLike, *, win
     return out.transpose(1, 0, 2).reshape(T, H * d)  # [T, H*d]
 
 
-def turn(q, k, positions, rope_base, interleaved):
+def turn(q: np.ndarray, k: np.ndarray, positions: np.ndarray, rope_base: float, interleaved: bool
+         ) -> tuple[np.ndarray, np.ndarray]:
     """q [H, T, d] and k [Hkv, T, d] rotated at the same positions, in one pass over both (kvlesson.rope)."""
     H = q.shape[0]
     qk = rotate(np.concatenate([q, k]), *rotation(positions, q.shape[-1], rope_base, q.dtype), interleaved)

@@ -34,7 +34,7 @@ def inv_freq(
     return ladder.copy() if scaling is None else _scaled(ladder, d, base, scaling, length)
 
 
-def attention_factor(scaling):
+def attention_factor(scaling: dict | None) -> float:
     """-> float: how much a scaling rule multiplies q and k (and so every logit by its square); 1.0 for all but YaRN.
 
     YaRN sharpens attention with a temperature t < 1, sqrt(1/t) = 0.1 ln(factor) + 1 (arXiv 2309.00071, section 3.4):
@@ -151,7 +151,7 @@ def _dynamic(ladder, d, base, scaling, length):
 _RULES = {"linear": _linear, "llama3": _llama3, "yarn": _yarn, "ntk": _ntk, "dynamic": _dynamic}
 
 
-def rope_angles(positions, d, base=10000.0):
+def rope_angles(positions: ArrayLike, d: int, base: float = 10000.0) -> np.ndarray:
     """[T] -> float64 [T, d/2]: the rotation angle of each pair at each position."""
     return _positions(positions)[:, None] * inv_freq(d, base)[None, :]
 
@@ -162,7 +162,7 @@ _TABLES = {}
 _MAX_TABLES = 64
 
 
-def rotation(positions, d, base, dtype):
+def rotation(positions: ArrayLike, d: int, base: float, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """[T] positions -> read-only (cos, sin), each [T, d/2] in dtype: the tables `rotate` turns by. Cached."""
     ladder = inv_freq(d, base)  # looked up each time, so that a stretched ladder (lesson 11) takes effect
     positions = np.asarray(positions, dtype=np.float64)
@@ -179,7 +179,7 @@ def rotation(positions, d, base, dtype):
     return tables
 
 
-def rotate(x, cos, sin, interleaved=False):
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool = False) -> np.ndarray:
     """[..., T, d], tables [T, d/2] -> [..., T, d]: each pair (x1, x2) turned to (x1 cos - x2 sin, x1 sin + x2 cos).
     No checks: apply_rope makes them, and the model's forward pass calls this with its own, already checked, data."""
     d = x.shape[-1]

@@ -20,6 +20,7 @@ Both engines call `run`: lesson 09's Batcher (kvlesson.serving.batch) and lesson
 the blocks it reserved go back and every sequence holds what it held before.
 """
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ from kvlesson.serving.paged import PagedKVCache, read_pages
 __all__ = ["model_pool", "Step", "LayerView", "run", "attend", "decode_attention", "decode_step", "prefill_step"]
 
 
-def model_pool(cfg: Config, n_blocks: int, block_size: int = 16, dtype=np.float32) -> PagedKVCache:
+def model_pool(cfg: Config, n_blocks: int, block_size: int = 16, dtype: np.dtype = np.float32) -> PagedKVCache:
     """One PagedKVCache for a whole model. Its KV heads are every layer's (layer i owns heads i*Hkv to i*Hkv + Hkv - 1),
     so a block holds block_size positions of K and V for all layers, and one block table serves them all."""
     return PagedKVCache(n_blocks, block_size, cfg.n_layers * cfg.Hkv, cfg.d, dtype)
@@ -90,7 +91,7 @@ class LayerView:
     step: Step
     heads: slice
 
-    def checkpoint(self):
+    def checkpoint(self) -> Callable[[], None]:
         """The forward pass asks each layer's cache for a way back; the pool's own atomic() (in `run`) is this one's."""
         return lambda: None
 

@@ -31,7 +31,7 @@ import contextlib
 import hashlib
 import math
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +64,7 @@ def read_pages(k: np.ndarray, v: np.ndarray, tables: np.ndarray, S: int) -> tupl
             np.take(v, tables[:, :n], axis=1).reshape(shape)[:, :, :S])
 
 
-def block_hash(parent, tokens):
+def block_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
     """The key of one full block: sha256 over the key of the block before it (None for a sequence's first block) and
     the block's own token ids. Chained, a key names every token from the start of the sequence to the end of the block,
     so two blocks that hold the same tokens after different prefixes (whose keys and values differ) never share one."""
@@ -73,7 +73,7 @@ def block_hash(parent, tokens):
     return h.digest()
 
 
-def block_hashes(ids, block_size):
+def block_hashes(ids: Sequence[int], block_size: int) -> list[bytes]:
     """-> the keys of the full blocks of ids, in order: key i names ids[: (i + 1) * block_size]. A partly filled last
     block has no key: its tokens are not all known yet."""
     keys, parent = [], None
@@ -93,7 +93,7 @@ class SwappedSequence:
     length: int
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes one copy moves, out or back in."""
         return self.k.nbytes + self.v.nbytes
 
@@ -107,7 +107,7 @@ class PagedKVCache:
     call (ValueError, TypeError) leaves every sequence as it was.
     """
 
-    def __init__(self, n_blocks, block_size, Hkv, d, dtype=np.float64):
+    def __init__(self, n_blocks: int, block_size: int, Hkv: int, d: int, dtype: np.dtype = np.float64):
         self.n_blocks = validate.integer("n_blocks", n_blocks, minimum=1)
         self.block_size = validate.integer("block_size", block_size, minimum=1)
         self.Hkv, self.d = validate.integer("Hkv", Hkv, minimum=1), validate.integer("d", d, minimum=1)
@@ -152,7 +152,7 @@ class PagedKVCache:
         finally:
             self._saved, self._held_at_start = None, None
 
-    def checkpoint(self):
+    def checkpoint(self) -> Callable[[], None]:
         """-> restore(): puts every table, length, count and cache key back as it is now, after a forward pass over
         sequence views or a truncate in between (blocks only taken, or only released, not both). A cached block that
         was taken meanwhile may hold other keys now, so it comes back free instead of cached: a lost cache entry, never
@@ -186,29 +186,29 @@ class PagedKVCache:
 
     # ---- sequences
 
-    def new_sequence(self):
+    def new_sequence(self) -> int:
         """-> the id of a new, empty sequence. It holds no block until its first append."""
         return self._add([], 0)
 
-    def sequence(self, seq):
+    def sequence(self, seq: int) -> "PagedSequence":
         """The view of one sequence that step() and model.forward take like any cache (append, len, nbytes)."""
         self._table(seq)
         return PagedSequence(self, seq)
 
-    def fork(self, seq):
+    def fork(self, seq: int) -> int:
         """-> the id of a new sequence that shares every block of `seq`. Nothing is copied, nothing allocated."""
         table = self._table(seq)
         for block in table:
             self.refs[block] += 1
         return self._add(list(table), self._lens[seq], list(self._keys[seq]))
 
-    def free(self, seq):
+    def free(self, seq: int) -> None:
         """Drop a sequence. Each of its blocks returns to the pool once no other sequence points at it (a cached block
         stays cached, unreferenced, until a free block is wanted)."""
         self._release(self._table(seq))
         del self._tables[seq], self._lens[seq], self._keys[seq]
 
-    def truncate(self, seq, n):
+    def truncate(self, seq: int, n: int) -> None:
         """Keep the first n positions of `seq`: blocks past them go back to the pool once no other sequence points at
         them, and a shared block the sequence keeps is copied on its next write, as after a fork."""
         table = self._table(seq)
@@ -221,11 +221,11 @@ class PagedKVCache:
         del self._keys[seq][n // self.block_size :]  # a block cut short is no longer full
         self._lens[seq] = n
 
-    def block_table(self, seq):
+    def block_table(self, seq: int) -> list[int]:
         """-> list[int]: the physical block of each of the sequence's logical blocks, in order (a copy)."""
         return list(self._table(seq))
 
-    def block_tables(self, seqs):
+    def block_tables(self, seqs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """-> (tables int [B, n], lengths int [B]): the tables of many sequences as one array, each padded with block
         0 up to the longest (n blocks), and how many positions each holds. An attention kernel for a whole batch
         takes exactly this; the padding is never read, because lengths say where each sequence ends."""
@@ -235,34 +235,34 @@ class PagedKVCache:
             row[: len(table)] = table
         return index, np.array([self._lens[s] for s in seqs], dtype=np.intp)
 
-    def length(self, seq):
+    def length(self, seq: int) -> int:
         """Positions the sequence holds: the position of its next token."""
         self._table(seq)
         return self._lens[seq]
 
     @property
-    def sequences(self):
+    def sequences(self) -> list[int]:
         """-> [ids] of the live sequences (made and not yet freed), oldest first."""
         return list(self._tables)
 
     @property
-    def blocks_free(self):
+    def blocks_free(self) -> int:
         """Blocks a sequence can take: the free ones and the cached ones nobody points at (evicted when taken)."""
         return len(self._free) + len(self._idle)
 
     @property
-    def blocks_cached(self):
+    def blocks_cached(self) -> int:
         """Blocks registered under a prefix key, in use or not."""
         return len(self._key_of)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes the pool holds: every block, in use or not (it is allocated once, up front)."""
         return self.k.nbytes + self.v.nbytes
 
     # ---- the two halves of an append
 
-    def needed(self, seq, T):
+    def needed(self, seq: int, T: int) -> int:
         """Blocks that T more positions of `seq` would take from the free list: the new blocks it crosses into, and
         one more when its last block is partly filled and shared (it is copied before it is written)."""
         fresh, shared_tail = self._growth(seq, validate.integer("T", T))
@@ -275,7 +275,7 @@ class PagedKVCache:
         shared_tail = T > 0 and L % self.block_size != 0 and self.refs[table[-1]] > 1
         return fresh, shared_tail
 
-    def reserve(self, seq, T):
+    def reserve(self, seq: int, T: int) -> tuple[np.ndarray, np.ndarray]:
         """Make room for T more positions of `seq` -> (blocks [T], slots [T]), where they go.
 
         Takes new blocks as the sequence crosses block boundaries, and first copies its last block when that
@@ -303,7 +303,7 @@ class PagedKVCache:
 
     # ---- prefix caching
 
-    def publish(self, seq, ids):
+    def publish(self, seq: int, ids: Sequence[int]) -> None:
         """Register every full block of `seq` under its chained key; ids: the token ids at its positions (at least
         length(seq) of them). A key already registered to another block keeps that block. Nothing is copied."""
         table, L, bs = self._table(seq), self._lens[seq], self.block_size
@@ -317,11 +317,11 @@ class PagedKVCache:
             if keys[i] not in self._block_of and table[i] not in self._key_of:
                 self._block_of[keys[i]], self._key_of[table[i]] = table[i], keys[i]
 
-    def lookup(self, ids):
+    def lookup(self, ids: Sequence[int]) -> list[int]:
         """-> [blocks]: the cached blocks of the longest prefix of ids in whole blocks, in order. Changes nothing."""
         return self._prefix(ids, None)[0]
 
-    def cached_cost(self, ids, limit=None):
+    def cached_cost(self, ids: Sequence[int], limit: int | None = None) -> tuple[int, int]:
         """-> (positions, blocks): how many of ids' first positions a new_cached_sequence(ids, limit) would find
         cached, and how many blocks holding all of ids would then take from blocks_free (cached blocks nobody uses
         count, since taking them leaves fewer free; a shared block that the first write must copy counts once)."""
@@ -331,7 +331,7 @@ class PagedKVCache:
         copy = held % bs != 0 and len(ids) > held and self.refs[hits[-1]] > 0  # shared once adopted
         return held, idle + blocks_for(len(ids), bs) - len(hits) + copy
 
-    def new_cached_sequence(self, ids, limit=None):
+    def new_cached_sequence(self, ids: Sequence[int], limit: int | None = None) -> tuple[int, int]:
         """-> (id, positions): a new sequence that starts on every cached block of the longest cached prefix of ids, at
         most `limit` positions of it (a caller that needs the last prompt token's logits passes len(ids) - 1), and
         how many positions it holds already. The blocks gain a user each; nothing is copied."""
@@ -357,14 +357,14 @@ class PagedKVCache:
 
     # ---- swapping
 
-    def swap_out(self, seq):
+    def swap_out(self, seq: int) -> SwappedSequence:
         """Copy the blocks of `seq` out of the pool and free it -> a SwappedSequence that swap_in brings back."""
         table = self._table(seq)
         out = SwappedSequence(self.k[:, table], self.v[:, table], self._lens[seq])  # fancy indexing copies
         self.free(seq)
         return out
 
-    def swap_in(self, swapped):
+    def swap_in(self, swapped: SwappedSequence) -> int:
         """Copy a SwappedSequence back into free blocks -> the id of a new sequence with its keys and values. Raises
         ValueError, changing nothing, when too few blocks are free."""
         if not isinstance(swapped, SwappedSequence):
@@ -381,7 +381,7 @@ class PagedKVCache:
         self.k[:, table], self.v[:, table] = swapped.k, swapped.v
         return self._add(table, swapped.length)
 
-    def gather(self, seq):
+    def gather(self, seq: int) -> tuple[np.ndarray, np.ndarray]:
         """-> (K, V) [Hkv, S, d]: the sequence's keys and values in position order, read through its table."""
         table, S = self._table(seq), self._lens[seq]
         K, V = read_pages(self.k, self.v, np.asarray([table], dtype=np.intp).reshape(1, -1), S)  # [Hkv, 1, S, d]
@@ -440,17 +440,17 @@ class PagedSequence(Cache):
     always agree. The append checks (shapes, dtype) are those of every kvlesson cache.
     """
 
-    def checkpoint(self):
+    def checkpoint(self) -> Callable[[], None]:
         return self.pool.checkpoint()  # the position and the blocks live in the pool
 
-    def __init__(self, pool, seq):  # no Cache.__init__: the position lives in the pool, not here
+    def __init__(self, pool: PagedKVCache, seq: int):  # no Cache.__init__: the position lives in the pool, not here
         self.pool, self.id = pool, seq
         self.Hkv, self.d, self.dtype = pool.Hkv, pool.d, pool.dtype
 
     def __len__(self):
         return self.pool.length(self.id)
 
-    def append(self, k_new, v_new):
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[Hkv, T, d] each -> (K, V) [Hkv, S, d], after writing the T new positions into the sequence's blocks."""
         k_new, v_new, T = self._check(k_new, v_new)
         blocks, slots = self.pool.reserve(self.id, T)
@@ -459,16 +459,16 @@ class PagedSequence(Cache):
         return self.pool.gather(self.id)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes of the blocks this sequence points at (a block shared by n sequences counts for each of them)."""
         blocks = len(self.pool.block_table(self.id))
         return 2 * blocks * self.pool.block_size * self.Hkv * self.d * self.dtype.itemsize
 
-    def truncate(self, n):
+    def truncate(self, n: int) -> None:
         self.pool.truncate(self.id, n)
 
     @property
-    def block_table(self):
+    def block_table(self) -> list[int]:
         return self.pool.block_table(self.id)
 
     def __repr__(self):

@@ -8,17 +8,20 @@ Two clocks: steps, one per forward pass, the same on every machine; and seconds,
 """
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvlesson import validate
+from kvlesson.configs import ModelLike
+from kvlesson.serving.batch import Batcher
 from kvlesson.serving.engine import Engine
 
 __all__ = ["poisson_arrivals", "chat_trace", "Replay", "replay"]
 
 
-def poisson_arrivals(rate, n, seed=0):
+def poisson_arrivals(rate: float, n: int, seed: int = 0) -> np.ndarray:
     """float [n]: when n requests arrive, a Poisson process of `rate` requests per unit of time (exponential gaps,
     seeded), the first at 0. The unit is the replay's clock: steps or seconds."""
     rate = validate.positive("rate", rate)
@@ -26,7 +29,8 @@ def poisson_arrivals(rate, n, seed=0):
     return np.cumsum(gaps) - gaps[0]
 
 
-def chat_trace(model, rate, n, new, seed=13, system=60, passages=(4, 8, 16, 32)):
+def chat_trace(model: ModelLike, rate: float, n: int, new: int, seed: int = 13, system: int = 60,
+               passages: Sequence[int] = (4, 8, 16, 32)) -> list[tuple[float, list[int], int]]:
     """-> [(arrival, prompt ids, new)]: n chat requests for `new` tokens each, arriving as a Poisson process of `rate`
     (seeded). Every request has the same system prompt, the shipped text's first `system` tokens, and asks about a
     passage of the text whose length is drawn from `passages`, from a random place after them. model: SmolLM2 (its
@@ -63,7 +67,7 @@ class Replay:
     outputs: dict  # request index -> its tokens
     preemptions: int | None  # the Engine's count; None for lesson 09's Batcher, which never preempts
 
-    def summary(self):
+    def summary(self) -> dict:
         """Throughput; TTFT and TPOT as (median, p90) on both clocks; the tokens a request waited for between two of
         its tokens as (median, p99): one long step shows in the tail."""
         ran = ~np.isnan(self.step_tokens)
@@ -82,7 +86,7 @@ def _quantiles(x, tail=90):
     return (float(np.median(x)), float(np.percentile(x, tail))) if x.size else (math.nan, math.nan)
 
 
-def replay(engine, trace, clock="steps"):
+def replay(engine: Engine | Batcher, trace: Sequence[tuple[float, Sequence[int], int]], clock: str = "steps") -> Replay:
     """Run a trace on an engine -> Replay. trace: [(arrival, prompt ids, max_new_tokens)], arrivals on `clock`:
     "steps" (a request arriving at t is submitted before forward pass ceil(t)) or "seconds" (submitted at the first
     step boundary after it arrives, the clock advanced by each step's wall-clock time). engine: an Engine, or lesson
