@@ -15,15 +15,19 @@ with a tiny random model. The jobs around it live in their own modules:
 """
 import contextlib
 import operator
+import os
+from collections.abc import Sequence
 
 import numpy as np
 
 from kvlesson import model as _model
 from kvlesson import validate
-from kvlesson.cache import rules
+from kvlesson.cache import Cache, CacheLike, rules
+from kvlesson.configs import Config
 from kvlesson.serving import batch
 from kvlesson.weights import f32cache, fetch, gguf_file, layout, tokenizer
 from kvlesson.weights.fetch import ModelFileError  # noqa: F401  raised by load(); importable from here
+from kvlesson.weights.tokenizer import Tokenizer
 
 
 class Model:
@@ -33,15 +37,16 @@ class Model:
     the context, caches against each other.
     """
 
-    def __init__(self, config, weights, tokenizer, chat_template=None):
+    def __init__(self, config: Config, weights: dict[str, np.ndarray], tokenizer: Tokenizer,
+                 chat_template: str | None = None):
         self.config, self.weights, self.tokenizer = config, weights, tokenizer
         self.chat_template = chat_template  # the Jinja template stored in the file, for reference
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return self.weights["output.weight"].dtype  # float32 as loaded
 
-    def astype(self, dtype):
+    def astype(self, dtype: np.dtype) -> "Model":
         """The same model with every weight cast to `dtype`; its caches, activations and logits follow.
 
         float64 is for experiments whose result must not depend on the CPU: float32 sums come out in another order
@@ -56,7 +61,7 @@ class Model:
         w["token_embd.weight"] = w["output.weight"].T if tied else self.weights["token_embd.weight"].astype(dtype)
         return Model(self.config, w, self.tokenizer, self.chat_template)
 
-    def fused(self):
+    def fused(self) -> "Model":
         """The same model with Q/K/V and gate/up fused into one product each (kvlesson.weights.layout.fuse): the
         same forward pass, the same logits up to float32 summation order, faster decoding. Costs a copy of those
         weights (about 280 MB for SmolLM2)."""
@@ -64,7 +69,7 @@ class Model:
             return self
         return Model(self.config, layout.fuse(self.config, self.weights), self.tokenizer, self.chat_template)
 
-    def new_cache(self, capacity=None, static=True):
+    def new_cache(self, capacity: int | None = None, static: bool = True) -> list[Cache]:
         """One empty cache per layer: a StaticKVCache of `capacity` positions (default config.max_len), in the
         model's dtype.
 
@@ -77,7 +82,7 @@ class Model:
                 cfg = _model.with_max_len(cfg, capacity)
         return _model.new_cache(cfg, self.dtype, static=static)
 
-    def forward(self, ids, caches=None):
+    def forward(self, ids: Sequence[int], caches: list[CacheLike] | None = None) -> np.ndarray:
         """[T] token ids -> [T, vocab] logits in the model's dtype (float32 as loaded).
 
         With caches (one per layer, from new_cache()), the T tokens are appended at positions len(caches[0])
@@ -91,7 +96,7 @@ class Model:
             return np.zeros((0, self.config.vocab), self.dtype)
         return _model.forward(self.config, self.weights, ids, caches)
 
-    def generate(self, ids, max_new_tokens, use_cache=True):
+    def generate(self, ids: Sequence[int], max_new_tokens: int, use_cache: bool = True) -> list[int]:
         """Greedy decoding -> the max_new_tokens new token ids (the prompt is not repeated).
 
         use_cache=False recomputes the whole sequence for every new token, to compare against.
@@ -101,7 +106,8 @@ class Model:
             return []
         return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, dtype=self.dtype)
 
-    def generate_batch(self, prompts, max_new_tokens, *, max_batch=64, block_size=16):
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
+                       max_batch: int = 64, block_size: int = 16) -> list[list[int]]:
         """Greedy decoding of many prompts together -> one list of new token ids per prompt.
 
         Continuous batching on a paged KV pool (kvlesson.serving.batch): up to max_batch sequences decode in one
@@ -122,7 +128,7 @@ class Model:
         return batch.generate_batch(self.config, self.weights, [p for p, _ in checked], [n for _, n in checked],
                                     max_batch=max_batch, block_size=block_size)
 
-    def chat_prompt(self, user, system=None):
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
         """The ChatML text SmolLM2-Instruct was tuned on, written out by hand (the file's template renders the same).
 
         One system turn (the template's default when none is given), one user turn, then the opening
@@ -162,7 +168,7 @@ class Model:
                 f"vocab={c.vocab}, rope_base={c.rope_base:g}, interleaved={c.rope_interleaved}, {self.dtype})")
 
 
-def load(path=None, *, sha256=fetch.SHA256, f32_cache=True):
+def load(path: str | os.PathLike | None = None, *, sha256: str | None = fetch.SHA256, f32_cache: bool = True) -> Model:
     """-> Model. SmolLM2-135M-Instruct (Q4_1 GGUF), fetched once into the user cache when no path is given.
 
     path may be a GGUF file or a folder holding it ($KVLESSON_MODEL works too); it is checked by sha256

@@ -25,6 +25,7 @@ so `attention_backward` recomputes the weights one block of keys at a time, as F
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import validate
 from kvlesson.sdpa import weighted_values
@@ -33,7 +34,8 @@ __all__ = ["online_attention", "split_kv_attention", "partial_attention", "empty
            "merge_partials", "attention_backward"]
 
 
-def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
+def online_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, block: int = 128, window: int | None = None,
+                     return_lse: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], walking the keys `block` at a time.
 
     Same semantics as kvlesson.attention (query i at position S - T + i, GQA by sharing KV heads, T = 0 gives an
@@ -61,7 +63,8 @@ def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
     return (out, lse.reshape(H, T)) if return_lse else out
 
 
-def split_kv_attention(q, k, v, *, splits=4, window=None):
+def split_kv_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, splits: int = 4, window: int | None = None
+                       ) -> np.ndarray:
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], from `splits` independent slices of the keys.
 
     The keys are cut into `splits` contiguous slices of nearly equal length (some are empty when splits > S).
@@ -91,7 +94,8 @@ def split_kv_attention(q, k, v, *, splits=4, window=None):
     return out.reshape(H, T, d).astype(q.dtype, copy=False)
 
 
-def partial_attention(q, k, v, pos_q, pos_k, *, window=None):
+def partial_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, pos_q: ArrayLike, pos_k: ArrayLike, *,
+                      window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Queries at positions pos_q [T] over keys at positions pos_k [S] -> (out [H, T, d], lse [H, T]), a partial
     result that merge_partials combines with the partials of the other keys.
 
@@ -122,7 +126,8 @@ def _positions(name, pos, n):
     return pos.astype(np.int64, copy=False)
 
 
-def online_update(m, l, o, s, v, *, visible=None):
+def online_update(m: np.ndarray, l: np.ndarray, o: np.ndarray, s: np.ndarray, v: np.ndarray, *,
+                  visible: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One block of keys into the running state: (m, l, o), s [..., R, b], v [..., b, d] -> (m, l, o).
 
     m, l [..., R, 1] and o [..., R, d] as in the module docstring; masked scores are -inf. A row that has still
@@ -142,7 +147,7 @@ def online_update(m, l, o, s, v, *, visible=None):
         return m_new, alpha * l + p.sum(axis=-1, keepdims=True), alpha * o + pv
 
 
-def finish(m, l, o):
+def finish(m: np.ndarray, l: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The state after the last block -> (out [..., R, d], lse [..., R]): o / l, and the log-sum-exp of every score
     the row saw, log sum_j exp(s_j) = m + log(l). A row that saw no key gives out 0 and lse -inf; a nan row stays
     nan (nan is not 0, so it is never taken for a row that saw nothing)."""
@@ -153,7 +158,7 @@ def finish(m, l, o):
     return out.astype(o.dtype, copy=False), lse.astype(m.dtype, copy=False)
 
 
-def merge_partials(outs, lses):
+def merge_partials(outs: ArrayLike, lses: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """[n, ..., R, d], [n, ..., R] -> (out [..., R, d], lse [..., R]): the n slices as if they were one.
 
     outs[i] is slice i's output, normalised over its own keys; lses[i] the log-sum-exp of its scores (-inf for a
@@ -179,7 +184,8 @@ def _every_row_saw_its_own_key(out, lse):
     return np.where(np.isneginf(lse)[..., None], np.nan, out).astype(out.dtype, copy=False), lse
 
 
-def attention_backward(q, k, v, out, lse, d_out, *, block=128, window=None):
+def attention_backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, d_out: ArrayLike, *,
+                       block: int = 128, window: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of online_attention: -> (dq [H, T, d], dk, dv [Hkv, S, d]), from out [H, T, d], lse [H, T] (its
     return_lse) and d_out [H, T, d], the gradient of the loss with respect to out.
 
@@ -226,7 +232,7 @@ def _grouped_queries(q, Hkv):
     return qg, acc
 
 
-def empty_state(rows, d, acc):
+def empty_state(rows: int, d: int, acc: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (m, l, o) of rows that have seen no key yet: -inf, 0 and zeros [*rows, d], in dtype acc."""
     return np.full((*rows, 1), -np.inf, acc), np.zeros((*rows, 1), acc), np.zeros((*rows, d), acc)
 

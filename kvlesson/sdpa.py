@@ -105,7 +105,7 @@ def softmax(s: np.ndarray, mask: np.ndarray | None, q: np.ndarray, k: np.ndarray
     return p
 
 
-def weighted_values(p, v, visible=None):
+def weighted_values(p: np.ndarray, v: np.ndarray, visible: ArrayLike | None = None) -> np.ndarray:
     """p [..., R, S] @ v [..., S, d] -> [..., R, d], except that a value a row cannot see never touches its output.
 
     visible: the keys each row sees, bool [T, S] with R = G*T rows (row g*T + i is query i, the layout of grouped

@@ -22,7 +22,8 @@ def public(module):
             for attr, member in vars(obj).items():
                 if isinstance(member, property):
                     member = member.fget
-                if inspect.isfunction(member) and (not attr.startswith("_") or attr == "__init__"):
+                if inspect.isfunction(member) and member.__module__ == module.__name__ and (
+                        not attr.startswith("_") or attr == "__init__"):
                     yield f"{name}.{attr}", member
 
 
