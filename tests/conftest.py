@@ -5,9 +5,14 @@ from hypothesis import HealthCheck, settings
 # numpy on a shared 2-core machine: timing-based deadlines would only make the suite flaky
 settings.register_profile("kvlesson", deadline=None, max_examples=150,
                           suppress_health_check=[HealthCheck.too_slow])
-# a contributor's quick loop (CONTRIBUTING.md): python -m pytest -m "not model and not notebooks and not standalone" ...
+# the contributor's quick loop (CONTRIBUTING.md), python -m pytest -m quick, tries fewer examples of each property
 settings.register_profile("quick", parent=settings.get_profile("kvlesson"), max_examples=20)
 settings.load_profile("kvlesson")
+
+
+def pytest_configure(config):
+    if config.option.markexpr == "quick":
+        settings.load_profile("quick")
 
 
 @pytest.fixture(scope="session")

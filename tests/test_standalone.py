@@ -8,6 +8,7 @@ nbval and pytest, then copies each lesson alone into an empty folder and runs it
 the repository's own run, with the repository nowhere on the path. It needs the network (pip) and, for the lessons
 that load SmolLM2, the model cache the rest of the suite uses ($KVLESSON_CACHE_DIR or ~/.cache/kvlesson).
 """
+import fcntl
 import json
 import os
 import re
@@ -167,12 +168,26 @@ def nbval_options():
     return [o for o in ini["addopts"].split() if o.startswith("--nbval")] + [f"-W{f}" for f in ini["filterwarnings"]]
 
 
-@pytest.fixture(scope="module")
-def standalone_python(tmp_path_factory):
+@pytest.fixture(scope="session")
+def standalone_python(tmp_path_factory, worker_id):
     """The python of a fresh venv that holds the wheel built from this repository, its `lessons` extra, and the
     nbval and pytest that requirements-test.txt pins, every lesson package at requirements.txt's pin (the releases
-    the committed outputs were made with)."""
-    where = tmp_path_factory.mktemp("standalone")
+    the committed outputs were made with). Built once per run: the test processes share it, the first to arrive
+    building it while the other waits on a lock."""
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    where = shared / "standalone"
+    with open(shared / "standalone.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its process dies
+        if not (where / "ready").exists():
+            shutil.rmtree(where, ignore_errors=True)  # what a run that failed half-way left
+            build_standalone(where)
+            (where / "ready").touch()
+    return where / "lessons" / "bin" / "python"
+
+
+def build_standalone(where):
+    """Build the sdist, the wheel from it, check both, and install the wheel into where/lessons."""
+    where.mkdir()
     tools = make_venv(where / "tools", *pinned("requirements-test.txt", "build", "twine"))
     dist = where / "dist"
     # the sdist first, then the wheel built from it: a file the sdist leaves out is missing from the wheel too
@@ -185,11 +200,11 @@ def standalone_python(tmp_path_factory):
     constraints.write_text("".join(f"{n}=={v}\n" for n, v in pins("requirements.txt").items()))
     venv = make_venv(where / "lessons", f"{wheel}[lessons]", *pinned("requirements-test.txt", "pytest", "nbval"),
                      constraints=constraints)
-    python = venv / "bin" / "python"
     where_from = "import kvlesson, sysconfig; print(kvlesson.__file__); print(sysconfig.get_path('purelib'))"
-    found = run([python, "-c", where_from], cwd=where, venv=venv).splitlines()
+    found = run([venv / "bin" / "python", "-c", where_from], cwd=where, venv=venv).splitlines()
     assert Path(found[0]).is_relative_to(found[1]), f"kvlesson came from {found[0]}, not the venv's {found[1]}"
-    return python
+
+
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
