@@ -212,7 +212,8 @@ class Answer:
 
     async def _stream(self, send, rid, events, gone):
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]})
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache")]})
         if self.ask.chat:
             await _event(send, openai_api.chunk(self.ask, rid, first=True))
         while (event := await _next(events, gone)) is not None:
