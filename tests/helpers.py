@@ -467,7 +467,7 @@ def pool_state(pool):
 
 def engine_state(eng):
     """An Engine's queues, every request's progress, its counts and its log."""
-    fields = ("tokens", "seq", "first", "last", "hit_tokens", "preemptions", "held")
+    fields = ("tokens", "seq", "first", "last", "hit_tokens", "preemptions", "held", "aborted", "forced", "queued")
     return (repr([[r.id for r in q] for q in (eng.waiting, eng.swapped, eng.running)]),
             repr([[getattr(r, f) for f in fields] + [r.swapped is None] for r in eng.requests.values()]),
             repr(eng._counts), len(eng._log), eng._steps)
