@@ -113,7 +113,7 @@ def test_an_abort_cut_short_leaves_everything_as_it_was():
                 eng.step()
             for rid in rids:
                 before = engine_state(eng), pool_state(eng.pool)
-                with Interrupts([1]) as interrupts:
+                with Interrupts([1]):
                     try:
                         eng.abort(rid)  # a running one's pool.free raises once it has freed
                     except KeyboardInterrupt:
