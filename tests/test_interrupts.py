@@ -12,6 +12,7 @@ the cell, and every output must still equal generate alone, every interrupted ca
 was, and every pool must end whole.
 """
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from kvlesson import model as kvmodel
 from kvlesson.sample import Sampling
 from kvlesson.serving import Engine, batch
 from kvlesson.serving.forward import model_pool
+from kvlesson.serving.grammar import Grammar
 from kvlesson.shrink.evict import H2OKVCache
 from tests.helpers import (
     ENGINE_TINY,
@@ -33,6 +35,7 @@ from tests.helpers import (
     generate_alone,
     pool_state,
     survive,
+    tiny_chat_model,
     tiny_model,
     traces,
 )
@@ -124,6 +127,35 @@ def test_an_abort_cut_short_leaves_everything_as_it_was():
             eng.run()
             assert eng.pool.blocks_free == eng.pool.n_blocks
     assert fired >= 10  # running requests were cut short in both modes
+
+
+def test_grammar_requests_interrupted_at_each_place_in_turn_keep_their_grammar_in_step():
+    """A step undone puts each grammar back too (Grammar.checkpoint): the output still matches, token for token."""
+    model = tiny_chat_model(seed=1)
+    tok = model.tokenizer
+    pattern = r"[a-c]{2}-(yes|no)-[0-9]"
+    prompts = [tok.encode("one"), tok.encode("second one")]
+
+    def run(interrupts):
+        eng = Engine(model, 12, 2, max_batch_tokens=6, max_seqs=2)
+        rids = [eng.submit(p, 12, stop_ids=(tok.eos_id,), sampling=Sampling(temperature=1.0, seed=i),
+                           grammar=Grammar.regex(tok, pattern)) for i, p in enumerate(prompts)]
+        while not eng.done:
+            if interrupts is None:
+                eng.step()
+            else:
+                survive(eng.step, lambda: engine_state(eng) + tuple(
+                    eng.requests[r].grammar.consumed for r in rids), eng.pool, interrupts)
+        return [eng.requests[r].tokens for r in rids]
+
+    want = run(None)
+    assert all(re.fullmatch(pattern, tok.decode([t for t in w if t != tok.eos_id])) for w in want)
+    n = places(run, armed=False)
+    assert n > 20
+    for k in range(1, n + 1, 2):
+        with Interrupts([k], armed=False) as interrupts:
+            assert run(interrupts) == want
+        assert interrupts.fired == 1
 
 
 # ---- lesson 09's Batcher

@@ -240,3 +240,13 @@ def test_smollm2_json_output_parses(model):
         assert set(value) == {"name", "age"}
         assert server.engine.stats["forced_tokens"] >= 3
 
+
+
+def test_a_chat_without_max_tokens_runs_to_what_the_pool_holds(server, tiny):
+    """OpenAI's chat runs to the end of the context when max_tokens is absent; here the pool (64 blocks of 4) is the
+    smaller limit, and the request is served, not refused."""
+    got = client(server).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go on"}],
+                                                 temperature=0)
+    prompt = got.usage.prompt_tokens
+    assert got.usage.completion_tokens <= 64 * 4 - prompt + 1
+    assert got.choices[0].finish_reason in ("stop", "length")

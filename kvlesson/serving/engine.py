@@ -194,7 +194,8 @@ class Engine:
         if self.done:
             return []
         undo = atomic.snapshot(self, *self.waiting, *self.swapped, *self.running)
-        grammars = [r.grammar.checkpoint() for r in self.running if r.grammar is not None]
+        grammars = [r.grammar.checkpoint() for q in (self.waiting, self.swapped, self.running) for r in q
+                    if r.grammar is not None]  # a waiting one may be admitted and draw in this very step
         with self.pool.atomic(), atomic.undo_on_error(undo, *grammars):
             return self._step()
 

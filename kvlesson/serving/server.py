@@ -142,7 +142,8 @@ class Server:
         if not ids:
             raise APIError(f"'{where}' is empty: at least one token is needed to predict the next", where)
         room = cfg.max_len - len(ids)
-        n = ask.max_tokens or (room if ask.chat else openai_api.DEFAULT_MAX_TOKENS)
+        pool = self.engine.pool.n_blocks * self.engine.pool.block_size - len(ids) + 1  # the last token is never cached
+        n = ask.max_tokens or (max(min(room, pool), 1) if ask.chat else openai_api.DEFAULT_MAX_TOKENS)
         if n > room:
             raise APIError(f"This model's maximum context length is {cfg.max_len} tokens. However, you requested "
                            f"{len(ids) + n} tokens ({len(ids)} in the {where}, {n} in the completion).",
