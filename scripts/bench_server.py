@@ -1,0 +1,151 @@
+"""Lesson 16's clocks over several rounds: the server edge seen from the client and from the engine.
+
+    python scripts/bench_server.py [--rounds 5] [--clients 6] [--rate 4] [--tokens 10] [--threads 2]
+
+Each round, on SmolLM2 behind kvlesson.serving.server.Server (a free port of 127.0.0.1):
+  - chat: a two-turn chat (the second turn holds the first), on a server with prefix caching and one without; the
+    second turn's time to first token (TTFT) at the client and in the engine;
+  - load: `clients` streaming clients arriving as a seeded Poisson process of `rate` per second, `tokens` new tokens
+    each; TTFT at the client and in the engine (medians over the clients), the time between tokens (TBT) at the
+    client and the engine's step time (medians);
+  - mask: a grammar's token mask (llguidance) for every step of a JSON answer, against that step count;
+  - jump-forward: the steps one JSON answer takes with forced tokens chunked, and one a step (exact counts).
+It prints the median and the min .. max over rounds, and names a round whose numbers stalled (bench.rounds_table).
+"""
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+import urllib.request
+
+import numpy as np
+from bench import rounds_table, spread
+
+from kvlesson import llama
+from kvlesson.serving import Engine
+from kvlesson.serving.grammar import Grammar
+from kvlesson.serving.server import Server
+
+SCHEMA = {"type": "object", "properties": {"river": {"type": "string", "maxLength": 20},
+                                           "length_km": {"type": "integer"}},
+          "required": ["river", "length_km"], "additionalProperties": False}
+
+
+def stream(port, path, body):
+    """POST a streaming request -> seconds from sending to each piece of text."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(dict(body, stream=True)).encode(),
+                                     {"Content-Type": "application/json"})
+    start, times = time.perf_counter(), []
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for line in response:
+            if line.startswith(b"data: {"):
+                choice = json.loads(line[6:])["choices"]
+                if choice and (choice[0].get("text") or choice[0].get("delta", {}).get("content")):
+                    times.append(time.perf_counter() - start)
+    return times
+
+
+def chat_round(model, caching):
+    with Server(model, port=0, n_blocks=64, prefix_caching=caching) as s:
+        turn1 = [{"role": "user", "content": "Name three rivers in Europe."}]
+        ask = {"model": s.name, "temperature": 0, "max_tokens": 16}
+        stream(s.port, "/v1/chat/completions", dict(ask, messages=turn1))
+        turn2 = turn1 + [{"role": "assistant", "content": "The Danube, the Rhine and the Volga."},
+                         {"role": "user", "content": "Which is longest?"}]
+        client = stream(s.port, "/v1/chat/completions", dict(ask, messages=turn2, max_tokens=4))[0]
+        return client, s.loop.stats()["requests"][1]["ttft_s"]
+
+
+def load_round(model, clients, rate, tokens, seed):
+    with Server(model, port=0, n_blocks=128) as s:
+        arrivals = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, clients))  # [clients] seconds
+        times = {}
+
+        def client(i):
+            time.sleep(arrivals[i])
+            times[i] = stream(s.port, "/v1/completions", {"model": s.name, "prompt": f"Client {i} asks:",
+                                                          "max_tokens": tokens, "temperature": 0})
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        stats = s.loop.stats()
+        engine_ttft = [r["ttft_s"] for r in stats["requests"].values()]
+        gaps = [g for ts in times.values() for g in np.diff(ts)]
+        return dict(client_ttft=statistics.median(ts[0] for ts in times.values()),
+                    engine_ttft=statistics.median(engine_ttft), client_tbt=statistics.median(gaps),
+                    engine_step=statistics.median(stats["step_seconds"]))
+
+
+def mask_round(model):
+    g, costs = Grammar.json_schema(model.tokenizer, SCHEMA), []
+    for t in model.tokenizer.encode('{"river": "Volga", "length_km": 3531}'):
+        start = time.perf_counter()
+        g.allowed(model.config.vocab)
+        costs.append(time.perf_counter() - start)
+        g.accept([t])
+    return statistics.median(costs), max(costs)
+
+
+def jump_forward(model):
+    """-> (tokens, forced, steps one a step, steps chunked) for one greedy JSON answer."""
+    ids = model.tokenizer.encode(model.chat_prompt("The longest river in Europe, as JSON."))
+    out = {}
+    for jump in (False, True):
+        eng = Engine(model, n_blocks=16, jump_forward=jump)
+        rid = eng.submit(ids, 30, stop_ids=(model.tokenizer.eos_id,), grammar=Grammar.json_schema(model.tokenizer,
+                                                                                                   SCHEMA))
+        out[jump] = (eng.run()[rid], eng.stats)
+    (slow, s_slow), (fast, s_fast) = out[False], out[True]
+    assert slow == fast
+    return len(fast), s_fast["forced_tokens"], s_slow["steps"], s_fast["steps"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--clients", type=int, default=6)
+    ap.add_argument("--rate", type=float, default=4.0, help="client arrivals per second")
+    ap.add_argument("--tokens", type=int, default=10, help="new tokens per client")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for numpy's BLAS")
+    args = ap.parse_args(argv)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(args.threads)
+    model = llama.load()
+    rows = []
+    for r in range(args.rounds):
+        row = {}
+        for caching in (True, False):
+            row[f"chat_client_{caching}"], row[f"chat_engine_{caching}"] = chat_round(model, caching)
+        row.update(load_round(model, args.clients, args.rate, args.tokens, seed=r))
+        row["mask"], row["mask_max"] = mask_round(model)
+        rows.append(row)
+    names = list(rows[0])
+    med, stalled = rounds_table(rows, names)
+    print(f"{args.rounds} rounds, {args.threads} BLAS threads, load average {os.getloadavg()[0]:.1f}; "
+          f"median (min .. max) over rounds" + (f"; stalled rounds left in: {stalled}" if stalled else ""))
+    labels = {"chat_client_True": "chat turn 2 TTFT, client, caching on (ms)",
+              "chat_engine_True": "chat turn 2 TTFT, engine, caching on (ms)",
+              "chat_client_False": "chat turn 2 TTFT, client, caching off (ms)",
+              "chat_engine_False": "chat turn 2 TTFT, engine, caching off (ms)",
+              "client_ttft": f"{args.clients} clients: TTFT, client, median (ms)",
+              "engine_ttft": f"{args.clients} clients: TTFT, engine, median (ms)",
+              "client_tbt": f"{args.clients} clients: time between tokens, client, median (ms)",
+              "engine_step": f"{args.clients} clients: engine step, median (ms)",
+              "mask": "grammar mask per step, median (us)", "mask_max": "grammar mask per step, max (us)"}
+    for name in names:
+        scale = 1e6 if name.startswith("mask") else 1e3
+        values = [row[name] * scale for row in rows]
+        print(f"| {labels[name]} | {med[name] * scale:.2f} | {spread(values)} |")
+    tokens, forced, slow, fast = jump_forward(model)
+    print(f"jump-forward: {tokens} tokens, {forced} forced; {slow} steps one a step, {fast} chunked, "
+          f"{slow - fast} saved")
+
+
+if __name__ == "__main__":
+    main()
