@@ -250,3 +250,29 @@ def test_a_chat_without_max_tokens_runs_to_what_the_pool_holds(server, tiny):
     prompt = got.usage.prompt_tokens
     assert got.usage.completion_tokens <= 64 * 4 - prompt + 1
     assert got.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_command_line_serves_smollm2_until_ctrl_c(model, tmp_path):
+    """`python -m kvlesson.serving.server --port P`: it prints where it serves, answers, and Ctrl-C stops it."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "kvlesson.serving.server", "--port", str(port), "--n-blocks", "16"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        lines = [proc.stdout.readline() for _ in range(1)]
+        while "serving" not in lines[-1] and lines[-1] and len(lines) < 5:  # a first load says what it does first
+            lines.append(proc.stdout.readline())
+        assert f"http://127.0.0.1:{port}/v1" in lines[-1], "".join(lines)
+        got = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=TIMEOUT).json()
+        assert got["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
