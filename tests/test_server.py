@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from kvlesson.sample import Sampling
+from kvlesson.serving import Engine
 from kvlesson.serving.server import Server
 from tests.helpers import tiny_chat_model
 
@@ -87,6 +88,11 @@ def test_a_seeded_sample_equals_the_same_seed_anywhere(server, tiny):
     assert c.completions.create(**kw).choices[0].text == want
     assert "".join(e.choices[0].text for e in c.completions.create(**kw, stream=True)) == want
     assert c.completions.create(**dict(kw, seed=4321)).choices[0].text != want
+    eng = Engine(tiny, n_blocks=64, block_size=4)  # the engine's own, with the same seed
+    rid = eng.submit(tiny.tokenizer.encode("seeded"), 16, stop_ids=(tiny.tokenizer.eos_id,),
+                     sampling=Sampling(temperature=0.9, top_p=0.95, seed=1234))
+    out = eng.run()[rid]
+    assert tiny.tokenizer.decode([t for t in out if t != tiny.tokenizer.eos_id]) == want
 
 
 def test_sixteen_concurrent_streaming_clients_each_get_their_own_tokens(server, tiny):
