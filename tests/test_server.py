@@ -29,8 +29,19 @@ openai = pytest.importorskip("openai", reason="the server's tests drive it with 
 TIMEOUT = 30  # seconds: every call a test makes is bounded by it
 
 
+OPEN = []  # the clients a test made: closed after it (an unclosed client's socket is a ResourceWarning)
+
+
 def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=TIMEOUT)
+    OPEN.append(openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=TIMEOUT))
+    return OPEN[-1]
+
+
+@pytest.fixture(autouse=True)
+def close_clients():
+    yield
+    while OPEN:
+        OPEN.pop().close()
 
 
 @pytest.fixture(scope="module")
