@@ -1,9 +1,9 @@
 """TextStream (kvlesson.serving.stream): what a client receives, piece by piece, against the whole text cut once.
 
 Under hypothesis over byte sequences full of multi-byte characters (split across tokens by a byte tokenizer, one
-token per byte) and stop strings that begin inside them: the pieces joined equal the whole decoded text cut just
-before the earliest stop string; every piece is whole characters; nothing sent is ever taken back, and no piece holds
-a stop string or any of its text. Then the mutants: checking each token's own text for the stop string, and sending
+token per byte), stop strings that begin inside them and overlap each other, and steps that bring one to three tokens:
+the pieces joined equal the whole decoded text cut just before the stop string completed first; every piece is whole
+characters; nothing sent is ever taken back, and no piece holds a stop string or any of its text. Then the mutants: checking each token's own text for the stop string, and sending
 a token's text as soon as it is decoded.
 """
 import pytest
@@ -20,12 +20,16 @@ TEXT = st.text(alphabet=st.sampled_from(list("ab \n:é🍵€x")), max_size=14)
 
 
 def expected(tokens, stops):
-    """The whole text, decoded once, cut before the first stop id and then before the earliest stop string."""
+    """The whole text, decoded once, cut before the first stop id; then grown character by character until a stop
+    string ends, and cut where that one starts (the one starting first, if two end at the same character)."""
     if EOS in tokens:
         tokens = tokens[: tokens.index(EOS)]
     text = TOK.decode(tokens)
-    hits = [i for s in stops if (i := text.find(s)) >= 0]
-    return text[: min(hits)] if hits else text
+    for end in range(1, len(text) + 1):
+        ending = [end - len(s) for s in stops if text[:end].endswith(s)]
+        if ending:
+            return text[: min(ending)]
+    return text
 
 
 @settings(max_examples=300)

@@ -11,10 +11,10 @@ Two things make "decode the new token and send it" wrong:
     text) over several tokens, and decoding a token alone gives U+FFFD, the replacement character. So the whole
     text is decoded and nothing is sent past a trailing U+FFFD until the bytes that complete it arrive;
   - a stop string is text, not a token: it can start inside one token and end inside another, and the token that
-    completes it may carry more text after it. The text ends just before the stop string's first character: the stop
-    string and whatever follows it, in that token or any, are never sent (OpenAI's rule: "the returned text will not
-    contain the stop sequence"). And since a stop string may still be completing, the longest tail of the text that
-    could be the beginning of one is held back until it is resolved either way.
+    completes it may carry more text after it. The text ends just before the first character of the stop string
+    completed first: the stop string and whatever follows it, in that token or any, are never sent (OpenAI's rule:
+    "the returned text will not contain the stop sequence"). And since a stop string may still be completing, the
+    longest tail of the text that could be the beginning of one is held back until it is resolved either way.
 A token in stop_ids (the end-of-text token) ends the text too, and its own text (`<|im_end|>`) is never sent.
 """
 from collections.abc import Callable, Iterable
@@ -62,10 +62,12 @@ class TextStream:
         return self._send(len(self.text))
 
     def _first_stop(self):
-        """-> (where the earliest stop string starts, which one), or None. Held-back text is the only place one can
+        """-> (where the stop string that ends the text starts, which one), or None. It is the one completed first, as
+        the text grew character by character (of two completed by the same character, the one that starts first):
+        so the cut does not depend on how many tokens a step brought. Held-back text is the only place one can
         start: anything sent was no stop string's beginning."""
-        hits = [(i, s) for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
-        return min(hits, key=lambda hit: hit[0]) if hits else None
+        hits = [(i + len(s), i, s) for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
+        return min(hits)[1:] if hits else None
 
     def _held(self, end):
         """-> how many characters before `end` could be the beginning of a stop string still completing."""
