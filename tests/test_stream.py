@@ -3,8 +3,8 @@
 Under hypothesis over byte sequences full of multi-byte characters (split across tokens by a byte tokenizer, one
 token per byte), stop strings that begin inside them and overlap each other, and steps that bring one to three tokens:
 the pieces joined equal the whole decoded text cut just before the stop string completed first; every piece is whole
-characters; nothing sent is ever taken back, and no piece holds a stop string or any of its text. Then the mutants: checking each token's own text for the stop string, and sending
-a token's text as soon as it is decoded.
+characters; nothing sent is ever taken back, and no piece holds a stop string or any of its text. Then the
+mutants: checking each token's own text for the stop string, and sending a token's text as soon as it is decoded.
 """
 import pytest
 from hypothesis import given, settings
