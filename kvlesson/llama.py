@@ -13,6 +13,7 @@ with a tiny random model. The jobs around it live in their own modules:
     kvlesson.weights.layout      the weights as x @ W multiplies them, in the memory order a decode step streams fastest
     kvlesson.weights.f32cache    the float32 copy on disk, checksummed, so a second load maps it instead of dequantizing
 """
+import contextlib
 import operator
 
 import numpy as np
@@ -170,30 +171,48 @@ def load(path=None, *, sha256=fetch.SHA256, f32_cache=True):
     """-> Model. SmolLM2-135M-Instruct (Q4_1 GGUF), fetched once into the user cache when no path is given.
 
     path may be a GGUF file or a folder holding it ($KVLESSON_MODEL works too); it is checked by sha256
-    (sha256=None accepts another GGUF you chose on purpose). Failures raise ModelFileError with what
-    happened and what to run. With f32_cache, the dequantized weights are kept as checksummed .npy files in
-    the user cache and memory-mapped on the next load; a damaged copy is rebuilt, never used.
+    (sha256=None accepts another GGUF you chose on purpose, whose header and weights are then checked). Failures
+    raise ModelFileError with what happened and what to run. With f32_cache, the dequantized weights are kept as
+    checksummed .npy files in the user cache and memory-mapped on the next load; a damaged copy is rebuilt, never
+    used, and processes loading at once build one copy between them (kvlesson.weights.f32cache.one_writer).
     """
     gguf_path, digest = fetch.model_file(path, sha256)
-    folder = f32cache.folder_for(fetch.cache_dir(), gguf_path, digest) if f32_cache else None
-    if folder is not None and folder.exists():
+    if not f32_cache:
+        return _from_gguf(gguf_path)
+    folder = f32cache.folder_for(fetch.cache_dir(), gguf_path, digest)
+    if folder.exists():
         try:
-            config, weights, tok_data, template = f32cache.load(folder)
-            return Model(config, weights, tokenizer.build(tok_data), template)
+            return _from_copy(folder)
         except f32cache.Damaged as e:
             print(f"kvlesson: the float32 copy in {folder} cannot be used ({e}); rebuilding it from the GGUF file.")
         except OSError as e:
             print(f"kvlesson: cannot read the float32 copy in {folder} ({e.strerror}); reading the GGUF file "
                   "instead. Set KVLESSON_CACHE_DIR to a folder you own to keep a copy of your own.")
-            folder = None
+            return _from_gguf(gguf_path)
+    with f32cache.one_writer(folder) as why_not:
+        if why_not is None and folder.exists():  # another process wrote it while this one waited for the lock
+            with contextlib.suppress(f32cache.Damaged):  # or it is the damaged copy seen above: rebuilt below
+                return _from_copy(folder)
+        return _from_gguf(gguf_path, folder, why_not)
+
+
+def _from_copy(folder):
+    config, weights, tok_data, template = f32cache.load(folder)
+    return Model(config, weights, tokenizer.build(tok_data), template)
+
+
+def _from_gguf(gguf_path, folder=None, why_not=None):
+    """Dequantize the GGUF file; with a folder, keep the float32 copy there unless `why_not` says it cannot be."""
     if folder is not None:  # the first load, or a rebuild: several silent seconds otherwise
         print(f"kvlesson: reading {gguf_path.name} and dequantizing its weights to float32, once ...", flush=True)
     f = gguf_file.read(gguf_path)
     weights = layout.matmul_weights(f.tensors)
-    if folder is not None:
+    if folder is not None and why_not is None:
         try:
             f32cache.save(folder, f.config, weights, f.tokenizer, f.chat_template)
         except OSError as e:
-            print(f"kvlesson: could not keep a float32 copy in {folder.parent} ({e.strerror}); each load will "
-                  "read the GGUF file (a few seconds). Set KVLESSON_CACHE_DIR to a writable folder to avoid it.")
+            why_not = e.strerror
+    if folder is not None and why_not is not None:
+        print(f"kvlesson: could not keep a float32 copy in {folder.parent} ({why_not}); each load will read the "
+              "GGUF file (a few seconds). Set KVLESSON_CACHE_DIR to a writable folder to avoid it.")
     return Model(f.config, weights, tokenizer.build(f.tokenizer), f.chat_template)

@@ -16,7 +16,8 @@ the output o / l and the log-sum-exp of every score the row saw, lse = m + log(l
 Split-KV decode (flash-decoding) cuts the keys into splits that need not see each other: each is finished into its
 own normalised output and lse, and `merge_partials` weighs each split by its share of the total, exp(lse_i - lse).
 A row that saw no key at all has output 0 and lse -inf: that pair is the merge's identity, so it changes nothing it
-is merged with, and a tree of merges may put it anywhere.
+is merged with, and a tree of merges may put it anywhere. A NaN is never mistaken for it: a row whose query, or a key
+it sees, holds NaN carries NaN through every step to its output, as kvlesson.attention gives it.
 
 The backward pass needs no stored weights: with the lse of each row, exp(score - lse) is the softmax weight itself,
 so `attention_backward` recomputes the weights one block of keys at a time, as FlashAttention's backward does.
@@ -26,6 +27,7 @@ import math
 import numpy as np
 
 from kvlesson import validate
+from kvlesson.sdpa import weighted_values
 
 __all__ = ["online_attention", "split_kv_attention", "partial_attention", "empty_state", "online_update", "finish",
            "merge_partials", "attention_backward"]
@@ -35,10 +37,10 @@ def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
     """[H, T, d], [Hkv, S, d], [Hkv, S, d] -> [H, T, d], walking the keys `block` at a time.
 
     Same semantics as kvlesson.attention (query i at position S - T + i, GQA by sharing KV heads, T = 0 gives an
-    empty result, the output has the input dtype). Sums run in float32 at least: float16 inputs are upcast one
-    block at a time. Blocks that no query's window reaches are never scored, and a masked key adds nothing, not even
-    the nan or inf its value may hold. return_lse=True also returns each row's log-sum-exp [H, T] (in the
-    accumulation dtype), what the backward pass needs.
+    empty result, the output has the input dtype, NaN and inf give what they give there). Sums run in float32 at
+    least: float16 inputs are upcast one block at a time. Blocks that no query's window reaches are never scored,
+    and a masked key adds nothing, not even the nan or inf its value may hold. return_lse=True also returns each
+    row's log-sum-exp [H, T] (in the accumulation dtype), what the backward pass needs.
     """
     q, k, v, window = validate.attention_inputs(q, k, v, window)
     block = validate.integer("block", block, minimum=1)
@@ -47,11 +49,14 @@ def online_attention(q, k, v, *, block=128, window=None, return_lse=False):
     qg, acc = _grouped_queries(q, Hkv)  # [Hkv, G*T, d], scaled by 1/sqrt(d)
     m, l, o = empty_state(qg.shape[:-1], d, acc)
     first = 0 if window is None else max(0, S - T + 1 - window)  # the oldest key any query still sees
+    pos_q = _queries(T, S)
     for start in range(first, S if T else 0, block):
         stop = min(start + block, S)
-        s = _scores(qg, k[:, start:stop], acc, H // Hkv, _queries(T, S), np.arange(start, stop), window)
-        m, l, o = online_update(m, l, o, s, v[:, start:stop].astype(acc, copy=False))
-    out, lse = finish(m, l, o)
+        pos_k = np.arange(start, stop)
+        s = _scores(qg, k[:, start:stop], acc, H // Hkv, pos_q, pos_k, window)  # [Hkv, G*T, <= block]
+        vb, seen = _values(v[:, start:stop], pos_q, pos_k, acc, window)
+        m, l, o = online_update(m, l, o, s, vb, visible=seen)
+    out, lse = _every_row_saw_its_own_key(*finish(m, l, o))
     out = out.reshape(H, T, d).astype(q.dtype, copy=False)
     return (out, lse.reshape(H, T)) if return_lse else out
 
@@ -70,17 +75,19 @@ def split_kv_attention(q, k, v, *, splits=4, window=None):
     if T == 0:
         return np.zeros_like(q)
     qg, acc = _grouped_queries(q, Hkv)
+    pos_q = _queries(T, S)
     bounds = [S * i // splits for i in range(splits + 1)]
     outs, lses = [], []
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
         if stop == start:  # an empty slice has nothing to say; it would merge as the identity anyway
             continue
-        s = _scores(qg, k[:, start:stop], acc, H // Hkv, _queries(T, S), np.arange(start, stop), window)
-        out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s,
-                                         v[:, start:stop].astype(acc, copy=False)))
+        pos_k = np.arange(start, stop)
+        s = _scores(qg, k[:, start:stop], acc, H // Hkv, pos_q, pos_k, window)  # [Hkv, G*T, stop - start]
+        vb, seen = _values(v[:, start:stop], pos_q, pos_k, acc, window)
+        out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s, vb, visible=seen))
         outs.append(out)  # [Hkv, G*T, d]; 0 for a row the slice's keys are all hidden from (causal or window)
         lses.append(lse)  # [Hkv, G*T]; -inf there, so it weighs nothing in the merge
-    out, _ = merge_partials(np.stack(outs), np.stack(lses))
+    out, _ = _every_row_saw_its_own_key(*merge_partials(np.stack(outs), np.stack(lses)))
     return out.reshape(H, T, d).astype(q.dtype, copy=False)
 
 
@@ -100,7 +107,8 @@ def partial_attention(q, k, v, pos_q, pos_k, *, window=None):
     pos_q, pos_k = _positions("pos_q", pos_q, T), _positions("pos_k", pos_k, S)
     qg, acc = _grouped_queries(q, Hkv)  # [Hkv, G*T, d], scaled
     s = _scores(qg, k, acc, H // Hkv, pos_q, pos_k, window)  # [Hkv, G*T, S], -inf where hidden
-    out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s, v.astype(acc, copy=False)))
+    vb, seen = _values(v, pos_q, pos_k, acc, window)
+    out, lse = finish(*online_update(*empty_state(qg.shape[:-1], d, acc), s, vb, visible=seen))
     return out.reshape(H, T, d).astype(q.dtype, copy=False), lse.reshape(H, T)
 
 
@@ -114,30 +122,34 @@ def _positions(name, pos, n):
     return pos.astype(np.int64, copy=False)
 
 
-def online_update(m, l, o, s, v):
+def online_update(m, l, o, s, v, *, visible=None):
     """One block of keys into the running state: (m, l, o), s [..., R, b], v [..., b, d] -> (m, l, o).
 
     m, l [..., R, 1] and o [..., R, d] as in the module docstring; masked scores are -inf. A row that has still
     seen no key keeps m = -inf, l = 0, o = 0, and a masked key's value never reaches o, even if it is nan or inf.
+    visible: bool, the keys each row may see, as kvlesson.sdpa.weighted_values takes it (None: those whose score is
+    above -inf); it matters only for a value that holds inf or nan, which a seen key of weight 0 turns into
+    0 * inf = nan, as attention does. A nan score makes the row's m, l and o nan, and they stay nan.
     """
-    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-    shift = np.where(np.isneginf(m_new), 0, m_new)  # exp(-inf - -inf) would be nan; exp(-inf - 0) is 0
-    alpha = np.exp(m - shift)  # rescales what was summed under the old max; 1 when the max did not move
-    p = np.exp(s - shift)  # [..., R, b], the only score-sized array
-    if np.isfinite(v).all():
-        pv = p @ v  # [..., R, d]
-    else:  # 0 * inf is nan: leave out every product of a masked key, whatever its value holds
-        pv = np.where(np.isneginf(s)[..., None], 0, p[..., None] * v[..., None, :, :]).sum(axis=-2)
-    return m_new, alpha * l + p.sum(axis=-1, keepdims=True), alpha * o + pv
+    with np.errstate(invalid="ignore"):  # inf - inf and 0 * inf: a nan or inf input gives nan, as in attention
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isneginf(m_new), 0, m_new)  # exp(-inf - -inf) would be nan; exp(-inf - 0) is 0
+        alpha = np.exp(m - shift)  # rescales what was summed under the old max; 1 when the max did not move
+        p = np.exp(s - shift)  # [..., R, b], the only score-sized array
+        if visible is None and not np.isfinite(v).all():
+            visible = ~np.isneginf(s)
+        pv = weighted_values(p, v, visible)  # [..., R, d]
+        return m_new, alpha * l + p.sum(axis=-1, keepdims=True), alpha * o + pv
 
 
 def finish(m, l, o):
     """The state after the last block -> (out [..., R, d], lse [..., R]): o / l, and the log-sum-exp of every score
-    the row saw, log sum_j exp(s_j) = m + log(l). A row that saw no key gives out 0 and lse -inf."""
-    seen = l > 0  # [..., R, 1]
-    safe = np.where(seen, l, 1)
-    out = np.where(seen, o / safe, 0)
-    lse = np.where(seen, m + np.log(safe), -np.inf)[..., 0]
+    the row saw, log sum_j exp(s_j) = m + log(l). A row that saw no key gives out 0 and lse -inf; a nan row stays
+    nan (nan is not 0, so it is never taken for a row that saw nothing)."""
+    empty = l == 0  # [..., R, 1]
+    safe = np.where(empty, 1, l)
+    out = o / safe  # o itself where empty: 0, or the nan of a seen value 0 * inf
+    lse = np.where(empty, -np.inf, m + np.log(safe))[..., 0]
     return out.astype(o.dtype, copy=False), lse.astype(m.dtype, copy=False)
 
 
@@ -150,14 +162,21 @@ def merge_partials(outs, lses):
     slice: merging it again with others gives what one merge of all of them gives. A row that no slice saw comes
     out 0 with lse -inf.
     """
-    top = lses.max(axis=0)  # [..., R]
-    seen = np.isfinite(top)  # -inf: no slice saw a key of this row
-    shift = np.where(seen, top, 0)
-    w = np.exp(lses - shift)[..., None]  # [n, ..., R, 1], each at most 1; 0 for a slice the row did not see
-    total = w.sum(axis=0)  # [..., R, 1], at least 1 where seen
-    out = np.where(seen[..., None], (w * outs).sum(axis=0) / np.where(seen[..., None], total, 1), 0)
-    lse = np.where(seen, shift + np.log(np.where(seen, total[..., 0], 1)), -np.inf)
+    top = lses.max(axis=0)  # [..., R]; nan where a slice is nan
+    empty = np.isneginf(top)  # no slice saw a key of this row
+    shift = np.where(empty, 0, top)
+    with np.errstate(invalid="ignore"):  # a nan slice makes its rows nan
+        w = np.exp(lses - shift)[..., None]  # [n, ..., R, 1], each at most 1; 0 for a slice the row did not see
+        total = w.sum(axis=0)  # [..., R, 1], at least 1 where a slice saw a key
+        out = (w * outs).sum(axis=0) / np.where(empty[..., None], 1, total)
+        lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1, total[..., 0])))
     return out.astype(outs.dtype, copy=False), lse.astype(lses.dtype, copy=False)
+
+
+def _every_row_saw_its_own_key(out, lse):
+    """(out [..., R, d], lse [..., R]) of attention, where every query sees at least its own key -> the same, with nan
+    for a row whose lse is -inf: every score it saw was -inf, and softmax over them is 0 / 0, as attention gives."""
+    return np.where(np.isneginf(lse)[..., None], np.nan, out).astype(out.dtype, copy=False), lse
 
 
 def attention_backward(q, k, v, out, lse, d_out, *, block=128, window=None):
@@ -222,11 +241,25 @@ def _scores(qg, k, acc, G, pos_q, pos_k, window):
     with -inf where a key sits after the query (or a window or more behind it): [Hkv, G*T, b]."""
     Hkv, b, _ = k.shape
     T = len(pos_q)
-    s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, b]
+    with np.errstate(invalid="ignore"):  # inf * 0 in a product: nan, as attention has it
+        s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, b]
+    visible = _visible(pos_q, pos_k, window)
+    if not visible.all():
+        s = np.where(visible, s.reshape(Hkv, G, T, b), -np.inf).reshape(Hkv, G * T, b)
+    return s
+
+
+def _visible(pos_q, pos_k, window):
+    """-> bool [T, b]: which of the keys at positions pos_k [b] each query at pos_q [T] sees (lesson 04's rule)."""
     pos_q, pos_k = pos_q[:, None], pos_k[None, :]  # [T, 1], [1, b]
     visible = pos_k <= pos_q  # [T, b]
     if window is not None:
         visible &= pos_k > pos_q - window
-    if not visible.all():
-        s = np.where(visible, s.reshape(Hkv, G, T, b), -np.inf).reshape(Hkv, G * T, b)
-    return s
+    return visible
+
+
+def _values(v, pos_q, pos_k, acc, window):
+    """-> (v [Hkv, b, d] in dtype acc, and which keys each query sees, bool [T, b]): that matters only to a value
+    holding inf or nan, so for finite values it is None (and holds no memory)."""
+    v = v.astype(acc, copy=False)
+    return v, None if np.isfinite(v).all() else _visible(pos_q, pos_k, window)

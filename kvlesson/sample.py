@@ -93,6 +93,9 @@ def probabilities(logits: np.ndarray, params: Sampling = GREEDY, *, history=(), 
         p = np.zeros_like(z)
         p[int(np.argmax(z))] = 1.0  # the first of equal maxima, as np.argmax picks it
         return p
+    if np.isnan(z).any() or np.isposinf(z).any():  # -inf is a token ruled out; these are not
+        raise ValueError(f"the model's logits hold {'NaN' if np.isnan(z).any() else '+inf'}: nothing to sample from at "
+                         f"temperature={params.temperature} (a weight or an activation is not finite)")
     z = z / params.temperature
     p = np.exp(z - z.max())  # [V]; a disallowed token's exp(-inf) is exactly 0
     if params.top_k and params.top_k < np.count_nonzero(p):

@@ -33,7 +33,7 @@ def tree_mask(parents: Sequence[int], S: int) -> np.ndarray:
     S + depth(i) (`tree_depths`), not S + i. A chain, parents = [-1, 0, 1, ...], gives lesson 04's offset mask.
     """
     S = validate.integer("S", S)
-    parents = _parents(parents)
+    parents = validate.parents(parents)
     T = len(parents)
     ancestors = np.eye(T, dtype=bool)  # [T, T]: row i, the nodes on the path from the root to i
     for i, p in enumerate(parents):
@@ -44,21 +44,11 @@ def tree_mask(parents: Sequence[int], S: int) -> np.ndarray:
 
 def tree_depths(parents: Sequence[int]) -> np.ndarray:
     """-> int [T]: each node's depth, 0 for a child of the last cached token; node i sits at position S + depth."""
-    parents = _parents(parents)
+    parents = validate.parents(parents)
     depth = np.zeros(len(parents), dtype=np.intp)
     for i, p in enumerate(parents):
         depth[i] = 0 if p < 0 else depth[p] + 1
     return depth
-
-
-def _parents(parents):
-    if isinstance(parents, (str, bytes)) or not hasattr(parents, "__len__"):
-        raise TypeError(f"parents must be a list of T integers; got {type(parents).__name__}")
-    parents = [validate.integer(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents)]
-    for i, p in enumerate(parents):
-        if p >= i:
-            raise ValueError(f"parents[{i}]={p}: a node's parent must come before it (-1 for the last cached token)")
-    return parents
 
 
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = None,
@@ -93,7 +83,7 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, window: int | None = 
         s = qg @ k.astype(acc, copy=False).transpose(0, 2, 1)  # [Hkv, G*T, S]
         s *= 1 / math.sqrt(d)  # a Python float is weak under NumPy 2: float32 stays float32
         p = softmax(s.reshape(Hkv, G, T, S), mask, q, k).reshape(Hkv, G * T, S)
-        out = _weighted_values(p, v.astype(acc, copy=False), mask)  # [Hkv, G*T, d]
+        out = weighted_values(p, v.astype(acc, copy=False), mask)  # [Hkv, G*T, d]
     return out.reshape(H, T, d).astype(q.dtype, copy=False)
 
 
@@ -104,7 +94,7 @@ def softmax(s: np.ndarray, mask: np.ndarray | None, q: np.ndarray, k: np.ndarray
     The row max is subtracted first, so exp never overflows; with every row keeping a key, the max is finite unless a
     score itself overflowed, which for finite q and k is a ValueError (inputs that large are out of range)."""
     if mask is not None:
-        s = np.where(mask, s, -np.inf)
+        np.copyto(s, -np.inf, where=~mask)  # in place: a second score array would double the peak memory
     top = s.max(axis=-1, keepdims=True)
     if np.isposinf(top).any() and np.isfinite(q).all() and np.isfinite(k).all():
         raise ValueError(f"attention scores overflow {s.dtype}: some q . k / sqrt(d) is beyond "
@@ -115,18 +105,26 @@ def softmax(s: np.ndarray, mask: np.ndarray | None, q: np.ndarray, k: np.ndarray
     return p
 
 
-def _weighted_values(p, v, mask):
-    """p [Hkv, G*T, S] @ v [Hkv, S, d], except that a value a query cannot see never touches its output: its weight
-    is 0, but 0 * inf is NaN. Queries that do see an inf or NaN value get what IEEE arithmetic gives them."""
-    if mask is None:
+def weighted_values(p, v, visible=None):
+    """p [..., R, S] @ v [..., S, d] -> [..., R, d], except that a value a row cannot see never touches its output.
+
+    visible: the keys each row sees, bool [T, S] with R = G*T rows (row g*T + i is query i, the layout of grouped
+    heads) or anything broadcastable to p; None: every key. A hidden key's weight is 0, but 0 * inf is NaN, so the
+    plain product would carry an inf or NaN value to rows that never see it. A row that does see one gets what IEEE
+    arithmetic gives it: p * inf, or 0 * inf = NaN for a seen key of weight 0.
+    """
+    if visible is None or np.isfinite(v).all():
         return p @ v
-    bad = ~np.isfinite(v).all(axis=(0, 2))  # [S] keys whose value holds an inf or a NaN
-    if not bad.any():
-        return p @ v
-    out = p @ np.where(bad[None, :, None], 0, v)
-    T = mask.shape[0]
-    sees = np.tile(mask[:, bad].any(axis=1), p.shape[1] // T)  # [G*T]: rows g*T + i belong to query i
-    out[:, sees] = p[:, sees] @ v
+    bad = ~np.isfinite(v).all(axis=-1)  # [..., S] keys whose value holds an inf or a NaN
+    out = p @ np.where(bad[..., None], 0, v)  # [..., R, d]: every row, over the finite values only
+    visible = np.asarray(visible)
+    if visible.ndim >= 2 and visible.shape[-2] not in (1, p.shape[-2]):  # [T, S] for R = G*T rows
+        visible = np.tile(visible, (p.shape[-2] // visible.shape[-2], 1))
+    visible = np.broadcast_to(visible, p.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j in np.flatnonzero(bad.reshape(-1, bad.shape[-1]).any(axis=0)):  # each poisoned key, added back alone
+            sees = visible[..., j, None] & bad[..., j, None, None]  # [..., R, 1] rows that see key j's bad value
+            out += np.where(sees, p[..., j, None] * v[..., None, j, :], 0)
     return out
 
 

@@ -22,7 +22,7 @@ Which distribution: the one plain decoding would draw from, after every rule of 
 top-p, min-p, the repetition penalty; kvlesson.sample.probabilities). The rule hands out exactly the p it is given,
 so p must be that processed distribution, or the tokens follow the raw softmax instead of what was asked for; and q
 must be exactly what each draft was drawn from, processed or not, or the correction max(0, p - q) is computed
-against the wrong proposal and the output leans towards it (tests/test_speculative.py shows both failures).
+against the wrong proposal and the output leans towards it (tests/test_sample.py shows both failures).
 
 A tree of drafts (several guesses at one position, each with its own continuation) is verified in one pass too:
 `TreeCache` wraps a layer's cache so that node i is rotated at position S + depth(i) and sees the S cached keys and
@@ -158,7 +158,8 @@ def ngram(context, k, n=3):
     It costs no model pass, and it pays off wherever the text repeats itself: code edits, quotes of the prompt,
     names (Saxena's prompt lookup decoding, github.com/apoorvumang/prompt-lookup-decoding).
     """
-    context = [int(t) for t in context]
+    context = validate.token_ids("context", context).tolist()
+    k, n = validate.integer("k", k), validate.integer("n", n, minimum=1)
     for m in range(min(n, len(context) - 1), 0, -1):
         tail = context[-m:]
         for start in range(len(context) - m - 1, -1, -1):  # latest first; the match must have a continuation
@@ -246,7 +247,7 @@ class TreeCache(Cache):
         if window is not None or (isinstance(cache, Cache) and cache.mask(1) is not None):
             raise ValueError(f"a tree of drafts needs a cache whose queries see every cached key; "
                              f"{type(cache).__name__} has a window or a mask of its own")
-        self.inner, self.parents = cache, list(parents)
+        self.inner, self.parents = cache, validate.parents(parents)
         self.depths = tree_depths(self.parents)  # [T]
         self.Hkv, self.d, self.dtype, self.capacity = cache.Hkv, cache.d, dtype, capacity
         self.S = len(cache)
@@ -274,7 +275,9 @@ class TreeCache(Cache):
 
     def keep(self, path):
         """Keep the nodes of `path` (root first, each the parent of the next) after the S cached positions."""
-        path = list(path)
+        if isinstance(path, (str, bytes)) or not hasattr(path, "__len__"):
+            raise TypeError(f"path must be a list of node indices, root first; got {type(path).__name__}")
+        path = [validate.integer(f"path[{i}]", node) for i, node in enumerate(path)]
         if self._new is None:
             raise ValueError("keep(path) comes after the tree's pass: nothing was appended yet")
         for a, b in zip([-1, *path], path, strict=False):
@@ -325,7 +328,23 @@ def verify_tree(model, caches, tokens, parents):
 def walk(logits, tokens, parents):
     """Greedy acceptance on a tree -> (path, emitted): from root node 0 (the pending token), follow the child whose
     token is the model's argmax after its parent, while there is one. path: the nodes kept (node 0 first);
-    emitted: the tokens that come out, the accepted children and then the model's own token after the last."""
+    emitted: the tokens that come out, the accepted children and then the model's own token after the last.
+
+    logits [T, V] (verify_tree's), tokens [T] and parents [T] describe one tree of T nodes; each parent comes before
+    its child, so the walk ends."""
+    parents = validate.parents(parents)
+    logits = validate.floats("logits", logits)
+    T = len(parents)
+    if T == 0:
+        raise ValueError("parents is empty: a tree holds at least its root, node 0 (the pending token)")
+    if logits.ndim != 2 or logits.shape[0] != T:
+        raise ValueError(f"logits must be [T, V] with one row per node, T={T} (len(parents)); got {logits.shape}")
+    if np.isnan(logits).any():
+        raise ValueError(f"logits hold NaN (row {int(np.flatnonzero(np.isnan(logits).any(axis=1))[0])}): no argmax "
+                         "to follow")
+    tokens = validate.token_ids("tokens", tokens, logits.shape[1]).tolist()
+    if len(tokens) != T:
+        raise ValueError(f"tokens has {len(tokens)} nodes and parents {T}; give one token per node")
     path, emitted = [0], []
     while True:
         want = int(np.argmax(logits[path[-1]]))
@@ -369,7 +388,7 @@ def _checked(model, ids, max_new_tokens, draft, k, temperature, rng, sampling):
 def _checked_drafts(drafts, k, vocab):
     if isinstance(drafts, (str, bytes)) or not hasattr(drafts, "__len__"):
         raise TypeError(f"draft(context_ids, k) must return a list of token ids; got {type(drafts).__name__}")
-    drafts = validate.token_ids("draft(context_ids, k)", list(drafts), vocab).tolist()
+    drafts = validate.token_ids("draft(context_ids, k)", drafts, vocab).tolist()
     if len(drafts) > k:
         raise ValueError(f"draft(context_ids, k={k}) returned {len(drafts)} tokens; at most k")
     return drafts

@@ -15,7 +15,8 @@ import operator
 
 import numpy as np
 
-__all__ = ["integer", "window", "positive", "floats", "same_dtype", "token_ids", "request", "real"]
+__all__ = ["integer", "window", "positive", "floats", "same_dtype", "token_ids", "request", "real",
+           "parents"]
 
 
 def integer(name, value, minimum=0):
@@ -86,10 +87,11 @@ def same_dtype(**arrays):
         raise ValueError(f"need one dtype for all of them; got {listed} (cast explicitly)")
 
 
-def token_ids(name, ids, vocab):
+def token_ids(name, ids, vocab=None):
     """-> int64 [T]: every id a true integer (not a bool) in [0, vocab); TypeError or ValueError naming the bad ones.
 
-    A negative id would index the token table from its end and quietly run the wrong token, so it is refused."""
+    A negative id would index the token table from its end and quietly run the wrong token, so it is refused.
+    vocab=None checks only that no id is negative (a text's ids, whatever table they index)."""
     if isinstance(ids, np.ndarray):
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise TypeError(f"{name} must be a 1-D array of integer token ids; got {ids.dtype} {ids.shape}")
@@ -101,13 +103,36 @@ def token_ids(name, ids, vocab):
             items = list(ids)
         except TypeError:
             raise TypeError(f"{name} must be a sequence of token ids; got {type(ids).__name__}") from None
-        for i in items:
-            if isinstance(i, (bool, np.bool_)) or not hasattr(i, "__index__"):
-                raise TypeError(f"{name} must hold integer token ids; got {i!r} ({type(i).__name__})")
-        out = np.array([operator.index(i) for i in items], dtype=np.int64)
-    bad = out[(out < 0) | (out >= vocab)]
+        out = np.array([_token(name, i) for i in items], dtype=np.int64)
+    bad = out[(out < 0) | (out >= vocab)] if vocab is not None else out[out < 0]
     if bad.size:
-        raise ValueError(f"{name} must lie in [0, {vocab}); got {bad[:5].tolist()}")
+        where = f"lie in [0, {vocab})" if vocab is not None else "be at least 0"
+        raise ValueError(f"{name} must {where}; got {bad[:5].tolist()}")
+    return out
+
+
+def _token(name, i):
+    """One id of a list -> int; a bool, a float, a string or an array (a list of rows) is a TypeError naming it."""
+    if isinstance(i, (bool, np.bool_)):
+        raise TypeError(f"{name} must hold integer token ids; got {i!r} (bool)")
+    try:
+        return operator.index(i)
+    except TypeError:
+        what = (f"an array of shape {i.shape} (one id per token, not a row of them)" if isinstance(i, np.ndarray)
+                else f"{i!r} ({type(i).__name__})")
+        raise TypeError(f"{name} must hold integer token ids; got {what}") from None
+
+
+def parents(value, name="parents"):
+    """-> list[int]: a tree of T nodes, parents[i] the node before i that i follows, or -1 for a root (a child of
+    the last cached token). Each parent comes before its child, so no node is its own ancestor and every walk up
+    the tree ends: a node that is its own parent, or a cycle, is refused by name."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a list of T integers; got {type(value).__name__}")
+    out = [integer(f"{name}[{i}]", p, minimum=-1) for i, p in enumerate(value)]
+    for i, p in enumerate(out):
+        if p >= i:
+            raise ValueError(f"{name}[{i}]={p}: a node's parent must come before it (-1 for the last cached token)")
     return out
 
 

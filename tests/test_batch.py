@@ -172,7 +172,7 @@ def test_batched_logits_equal_the_solo_run_within_float32_tolerance(model, promp
     (([[1, 2], []], 3), ValueError, r"prompts\[1\] is empty"),
     (([[1, 2], [3]], [1, 2, 3]), ValueError, "3 counts for 2 prompts"),
     (([[1, 2]], -1), ValueError, "max_new_tokens must be at least 0"),
-    (([[1, 2]], 8191), ValueError, r"prompts\[0\]: 2 prompt \+ 8191 new tokens exceed the context of 8192"),
+    (([[1, 2]], 8191), ValueError, r"prompts\[0\]: 2 prompt \+ max_new_tokens=8191 exceed the context of 8192"),
     (([[1, 99999]], 2), ValueError, r"prompts\[0\] must lie in \[0, 49152\)"),
     (([[1, 2]], 2, 0), ValueError, "max_batch must be at least 1"),
 ])

@@ -438,7 +438,7 @@ STEP_WRONG = [  # (wrong step, words its hint must contain)
     (step_reads_cache_k_by_length, "a cache need not have a .k attribute"),
     (step_top_left_mask, "anchored top-left"),
     (step_h_heads_for_keys, "(x @ Wk).reshape(T, Hkv, d)"),
-    (lambda x, Wq, Wk, Wv, cache, H, Hkv: my_step(x, Wq, Wk, Wv, cache, H, Hkv).tolist(), "reshape(T, H * d)"),
+    (lambda x, Wq, Wk, Wv, cache, H, Hkv: my_step(x, Wq, Wk, Wv, cache, H, Hkv).tolist(), "what .tolist() gives"),
 ]
 
 

@@ -274,6 +274,36 @@ def uses_sys_modules(suspect):
     assert sys.modules["kvlesson.teaching.drill.lineup"].case("D")
 
 
+BROKEN_NAMES = ("evict_first_cache", "padded_attend_pads_visible", "newest_first_cache", "attend_top_left",
+                "layer_local", "_ForgetsSharing", "attend_tiled", "stream_no_rescale")
+
+
+def peeks_by_attrgetter(suspect):
+    """Issue 29: convicted all eight suspects without looking at an output, reading the veil's private slot through
+    operator.attrgetter with the names as string constants."""
+    from operator import attrgetter
+
+    try:
+        suspect()  # a call, so that the test is seen to use the suspect
+    except Exception:
+        pass
+    target = attrgetter("cell_contents._target")(attrgetter("__closure__")(suspect)[0])
+    assert attrgetter("__qualname__")(target) not in BROKEN_NAMES
+
+
+def peeks_by_a_computed_attrgetter(suspect):
+    import operator
+
+    name = "".join(["_", "target"])
+    assert operator.attrgetter(name)(suspect) is not None
+
+
+@pytest.mark.parametrize("label", lineup.LABELS)
+def test_a_test_that_reads_the_veil_through_attrgetter_convicts_nobody(label):
+    verdict = getattr(checks, f"check_suspect_{label.lower()}")(peeks_by_attrgetter)
+    assert not verdict and "a private attribute that no interface shows" in verdict.problem, repr(verdict)
+
+
 @pytest.mark.parametrize("test, words", [
     (never_calls, ["never calls suspect", "assert on what it returns"]),
     (convicts_everyone, ["fails on suspect", "on its correct twin alike", "AssertionError: guilty, at line 3 of your "
@@ -292,6 +322,7 @@ def uses_sys_modules(suspect):
     (uses_inspect, ["uses inspect"]),
     (reads_a_traceback, ["uses traceback"]),
     (uses_sys_modules, ["uses sys"]),
+    (peeks_by_a_computed_attrgetter, ["uses attrgetter", "reaches past the interface"]),
     (borrows_the_reference, ["its reference test, the answer itself"]),
     ("not a function", ["expected your test function itself", "check_suspect_"]),
 ])

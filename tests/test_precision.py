@@ -433,3 +433,49 @@ def test_scale_for_maps_the_largest_number_onto_the_format():
                        ((np.full((1, 1, 1), np.inf), e4m3), "finite")]:
         with pytest.raises(ValueError, match=words):
             scale_for(*bad)
+
+
+ONES = np.ones(4)
+
+JUNK_CASES = [  # (what, call, error, words): before, each raised numpy's words (or a DeprecationWarning), or passed
+    ("formats(None)", lambda: formats(None), TypeError, "dtypes must be a list of floating dtypes"),
+    ("formats(np.float32)", lambda: formats(np.float32), TypeError, "dtypes must be a list of floating dtypes"),
+    ("formats('float32')", lambda: formats("float32"), TypeError, "dtypes must be a list of floating dtypes"),
+    ("formats([None])", lambda: formats([None]), TypeError, r"dtypes\[0\] must be a floating dtype .*got None"),
+    ("formats([np.float32, 'abc'])", lambda: formats([np.float32, "abc"]), TypeError,
+     r"dtypes\[1\] must be a floating dtype .*got dtypes\[1\]='abc'"),
+    ("formats([np.int64])", lambda: formats([np.int64]), TypeError, r"dtypes\[0\] must be a floating dtype"),
+    ("running_sum(x='abc')", lambda: running_sum("abc", np.float32), TypeError,
+     "x must hold real numbers; got dtype <U3"),
+    ("pairwise_sum(x=ragged)", lambda: pairwise_sum([[1.0, 2.0], [3.0]], np.float32), ValueError,
+     "x is not a rectangular array of numbers"),
+    ("kahan_sum(x={})", lambda: kahan_sum({}, np.float32), TypeError, "x must hold real numbers; got dtype object"),
+    ("running_sum(x=2.0)", lambda: running_sum(2.0, np.float32), ValueError, "x must have at least one axis"),
+    ("running_sum(axis=None)", lambda: running_sum(ONES, np.float32, axis=None), TypeError,
+     "axis must be an integer; got axis=None"),
+    ("pairwise_sum(axis=an array)", lambda: pairwise_sum(ONES, np.float32, axis=np.ones((2, 2))), TypeError,
+     "axis must be an integer"),
+    ("kahan_sum(axis=2.5)", lambda: kahan_sum(ONES, np.float32, axis=2.5), TypeError,
+     "axis must be an integer; got axis=2.5"),
+    ("running_sum(axis=2) of 2 axes", lambda: running_sum(np.ones((2, 3)), np.float32, axis=2), ValueError,
+     r"axis=2 is out of range for x of 2 axes"),
+    ("running_sum(axis=-3) of 2 axes", lambda: running_sum(np.ones((2, 3)), np.float32, axis=-3), ValueError,
+     "axis must be at least -2"),
+    ("running_sum(dtype=None)", lambda: running_sum(ONES, None), TypeError,
+     "dtype must be a floating dtype .*got None"),
+    ("LowPrecisionKVCache(store=None)", lambda: LowPrecisionKVCache(1, 4, 8, store=None), TypeError,
+     "store must be a floating dtype .*got None"),
+    ("scale_for(per=an array)", lambda: scale_for(np.ones((1, 2, 2)), e4m3, per=np.array([1, 2])), ValueError,
+     "per must be 'tensor' or 'head'"),
+    ("scale_for(per=None)", lambda: scale_for(np.ones((1, 2, 2)), e4m3, per=None), ValueError,
+     "per must be 'tensor' or 'head'"),
+]
+
+
+@pytest.mark.parametrize("what, call, error, words", JUNK_CASES, ids=[case[0] for case in JUNK_CASES])
+def test_every_public_function_names_junk(what, call, error, words):
+    """Issue 33, item 8: junk fed to each public function of kvlesson.shrink.precision gets an error naming the
+    argument, not numpy's own words ('truth value of an array is ambiguous', 'Cannot interpret 3 as a data type',
+    'setting an array element with a sequence') or a DeprecationWarning."""
+    with pytest.raises(error, match=words):
+        call()

@@ -26,6 +26,17 @@ def test_the_benchmark_runs_and_prints_its_table(scripts_on_path, capsys, model)
     assert out.count("| rows of [") == 8  # every matrix shape, with the memory order the loader keeps
 
 
+@pytest.mark.slow
+def test_lesson_14s_clock_runs_and_compares_like_with_like(scripts_on_path, capsys, model):
+    """`python scripts/bench_speculative.py` in its smallest form: one round, 4 tokens, k = 2; the baseline is k = 0."""
+    import bench_speculative
+
+    bench_speculative.main(["--rounds", "1", "--new", "4", "--ks", "2"])
+    out = capsys.readouterr().out
+    assert out.count("| k = 0 (plain decoding) |") == 2 and out.count("| prompt lookup, k = 2 |") == 2
+    assert "| model.generate |" in out and "story (96 prompt tokens)" in out and "ratio" in out
+
+
 @pytest.mark.parametrize("script, needs", [("compare_hf.py", "transformers"), ("causal_corner.py", "torch")])
 def test_a_reference_script_says_what_it_needs(script, needs):
     """Without the optional extras, each reference script names the file to install from and exits with 2."""

@@ -24,6 +24,19 @@ def test_an_unseen_key_or_value_never_reaches_a_query(T, extra, window, bad, in_
     assert not np.isfinite(got[:, sees]).all()  # a query that does see it gets what IEEE arithmetic gives
 
 
+@given(st.integers(0, 99), st.sampled_from([np.nan, np.inf, -np.inf]))
+def test_a_query_that_sees_one_bad_value_is_not_reached_by_another_it_cannot_see(seed, bad):
+    """Bug caught: a query that saw any inf or NaN value was multiplied with the whole of v, so another key's inf
+    value, hidden from it, came in as 0 * inf = NaN: the first query saw key 1 (inf in channel 0) and got NaN in
+    channel 1 from key 3, which only the last query sees."""
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((1, 4, 4)), rng.standard_normal((1, 4, 4))
+    v[0, 1, 0], v[0, 3, 1] = bad, np.inf
+    out = attention(q, k, v)  # queries at positions 1, 2, 3
+    assert np.isfinite(out[:, :2, 1:]).all() and np.isfinite(out[:, 2, 2:]).all()
+    assert np.isnan(out[:, :, 0]).all() if np.isnan(bad) else np.array_equal(out[:, :, 0], np.full((2, 3), bad))
+    assert np.isposinf(out[:, 2, 1]).all()
+
 def test_float16_scores_are_summed_in_float32_and_handed_back_in_float16():
     """Scores of 40 x 40 x 64 = 102,400 overflowed float16's 65,504, and every output was NaN."""
     q = np.full((2, 3, 64), 40, np.float16)

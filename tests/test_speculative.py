@@ -432,3 +432,90 @@ def test_static_caches_roll_back_in_place():
     view.append(np.ones((1, 3, 2)), np.arange(6.0).reshape(1, 3, 2))
     view.keep([0, 2])
     assert len(cache) == 2 and cache.v[0, :2].tolist() == [[0.0, 1.0], [4.0, 5.0]]
+
+
+# ---- lesson 14's helpers, fed junk
+
+
+def _tree_views():
+    """Every layer's TreeCache after one pass of TREE over the prompt, and the caches' lengths before it."""
+    caches = prefilled(PROMPT)
+    _, views = verify_tree(TINY64, caches, [1, 2, 3, 4, 5], TREE)
+    return views
+
+
+LOGITS5 = np.random.default_rng(0).standard_normal((5, TINY.vocab))  # [T, V] for TREE's five nodes
+ONES = np.zeros((5, TINY.vocab))  # [5, V]: after every node the model wants token 1
+ONES[:, 1] = 1.0
+
+HELPER_CASES = [  # (what, call, error, words): before, each hung, raised a raw error, or returned quietly
+    ("walk: a node its own parent", lambda: walk(ONES[:1], [1], [0]), ValueError,
+     r"parents\[0\]=0: a node's parent must come before it"),
+    ("walk: a parent cycle", lambda: walk(ONES[:2], [1, 1], [1, 0]), ValueError,
+     r"parents\[0\]=1: a node's parent must come before"),
+    ("walk: a cycle below the root", lambda: walk(ONES[:3], [1, 1, 1], [-1, 2, 1]), ValueError,
+     r"parents\[1\]=2: a node's parent must come"),
+    ("walk: too few logit rows", lambda: walk(LOGITS5[:2], [1, 2, 3, 4, 5], TREE), ValueError,
+     r"logits must be \[T, V\] with one row per node, T=5 \(len\(parents\)\); got \(2, 256\)"),
+    ("walk: too few tokens", lambda: walk(LOGITS5, [1, 2], TREE), ValueError, "tokens has 2 nodes and parents 5"),
+    ("walk: a token outside the vocabulary", lambda: walk(LOGITS5, [1, 2, 3, 4, 999], TREE), ValueError,
+     r"tokens must lie in \[0, 256\)"),
+    ("walk: an empty tree", lambda: walk(LOGITS5[:0], [], []), ValueError, "parents is empty"),
+    ("walk: NaN logits", lambda: walk(np.where(np.eye(5, TINY.vocab), np.nan, LOGITS5), [1, 2, 3, 4, 5], TREE),
+     ValueError, r"logits hold NaN \(row 0\)"),
+    ("walk: parents a string", lambda: walk(LOGITS5, [1, 2, 3, 4, 5], "01"), TypeError,
+     "parents must be a list of T integers"),
+    ("walk: integer logits", lambda: walk(LOGITS5.astype(int), [1, 2, 3, 4, 5], TREE), TypeError,
+     "logits must hold floating-point"),
+    ("keep('0')", lambda: _tree_views()[0].keep("0"), TypeError, "path must be a list of node indices"),
+    ("keep(None)", lambda: _tree_views()[0].keep(None), TypeError, "path must be a list of node indices"),
+    ("keep([0.0])", lambda: _tree_views()[0].keep([0.0]), TypeError, r"path\[0\] must be an integer"),
+    ("keep([0, -1])", lambda: _tree_views()[0].keep([0, -1]), ValueError, r"path.*-1"),  # named on main too
+    ("TreeCache(parents=None)", lambda: TreeCache(KVCache(2, 16), None), TypeError,
+     "parents must be a list of T integers"),
+    ("TreeCache(parents=[0])", lambda: TreeCache(KVCache(2, 16), [0]), ValueError, r"parents\[0\]=0"),
+    ("ngram(k=2.5)", lambda: ngram(PROMPT, 2.5), TypeError, "k must be an integer; got k=2.5"),
+    ("ngram(k=-1)", lambda: ngram(PROMPT, -1), ValueError, "k must be at least 0; got k=-1"),
+    ("ngram(n=0)", lambda: ngram(PROMPT, 2, n=0), ValueError, "n must be at least 1; got n=0"),
+    ("ngram(n=1.5)", lambda: ngram(PROMPT, 2, n=1.5), TypeError, "n must be an integer"),
+    ("ngram(context='hello')", lambda: ngram("hello", 2), TypeError, "context must be a sequence of token ids, not"),
+    ("ngram(context=[1, 2.5, 1])", lambda: ngram([1, 2.5, 1], 2), TypeError, "context must hold integer token ids"),
+    ("ngram(context=[1, -2, 1])", lambda: ngram([1, -2, 1], 2), ValueError, r"context must be at least 0; got \[-2\]"),
+    ("a draft of 2-D ids", lambda: speculative.generate(TINY64, PROMPT, 6, draft=lambda c, k: np.ones((k, 2), int)),
+     TypeError, r"draft\(context_ids, k\) must be a 1-D array of integer token ids; got int64 \(4, 2\)"),
+    ("a draft of a list of arrays",
+     lambda: speculative.generate(TINY64, PROMPT, 6, draft=lambda c, k: [np.array([1, 2])]), TypeError,
+     r"draft\(context_ids, k\) must hold integer token ids; got an array of shape \(2,\) \(one id per token"),
+]
+
+
+@pytest.mark.parametrize("what, call, error, words", HELPER_CASES, ids=[case[0] for case in HELPER_CASES])
+def test_the_helpers_name_what_is_wrong(what, call, error, words):
+    """Before: walk never returned when a node was its own parent and accepted a cycle; keep('0' / None / [0.0]),
+    walk with too few logit rows, a draft of 2-D ids and ngram(k=2.5) raised raw errors; ngram(k=-1) and
+    ngram(n=0) returned [] quietly (issue 33, item 7; issue 29, section 5)."""
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_a_refused_keep_moves_no_cache():
+    views = _tree_views()
+    before = [len(v.inner) for v in views]
+    for path in ("0", None, [0.0], [0, 3], [0, -1]):
+        with pytest.raises((TypeError, ValueError)):
+            views[0].keep(path)
+    assert [len(v.inner) for v in views] == before
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_nan_logits_when_sampling_are_named_as_nan(temperature):
+    """Before: 'q_draft/p_target must hold probabilities', the rule's internal names, not the NaN that caused it."""
+    w = dict(TINY64.weights)
+    w["output.weight"] = w["output.weight"].copy()
+    w["output.weight"][0, 7] = np.nan  # one logit column NaN for every token
+    model = Model(TINY, w, None)
+    for draft in ("ngram", "early_exit"):
+        with pytest.raises(ValueError, match=f"the model's logits hold NaN: nothing to sample from at "
+                                             f"temperature={temperature}"):
+            speculative.generate(model, PROMPT, 6, draft=draft, temperature=temperature,
+                                 rng=np.random.default_rng(0))

@@ -22,7 +22,7 @@ import numpy as np
 
 from kvlesson import validate
 from kvlesson.rope import apply_rope
-from kvlesson.sdpa import causal_mask
+from kvlesson.sdpa import causal_mask, weighted_values
 
 # DeepSeek-V3, config.json at huggingface.co/deepseek-ai/DeepSeek-V3 (the same figures are in the repository's
 # inference/configs/config_671B.json). Only the fields the cache depends on.
@@ -204,15 +204,18 @@ def _latent_and_rope(x, w, cfg, cache):
     return q_rope, C, KR
 
 
-def _softmax_causal(scores):
-    """[H, T, S] scores -> weights, query i at position S - T + i; every row sees its own key."""
+def _attend(scores, values):
+    """[H, T, S] scores, values [H, S, dv] (or [S, r], shared by every head) -> [H, T, dv]: the causal softmax of
+    the scores, query i at position S - T + i, weighting the values. A later token's latent, even NaN or inf, never
+    reaches an earlier query (kvlesson.sdpa.weighted_values)."""
     T, S = scores.shape[-2:]
     if T == 0:
-        return scores  # no queries: nothing to normalise (and an empty max has no value)
-    s = np.where(causal_mask(T, S), scores, -np.inf)
+        return scores @ values  # no queries: nothing to normalise (and an empty max has no value)
+    mask = causal_mask(T, S)  # [T, S]; every row sees its own key
+    s = np.where(mask, scores, -np.inf)
     s = s - s.max(axis=-1, keepdims=True)
     p = np.exp(s)
-    return p / p.sum(axis=-1, keepdims=True)
+    return weighted_values(p / p.sum(axis=-1, keepdims=True), values, mask)
 
 
 def naive(x, w, cfg, cache):
@@ -224,9 +227,8 @@ def naive(x, w, cfg, cache):
     k = (C @ w["W_uk"]).reshape(S, H, cfg.dn).transpose(1, 0, 2)  # [H, S, dn]: expanded, S x H x dn numbers
     v = (C @ w["W_uv"]).reshape(S, H, cfg.dv).transpose(1, 0, 2)  # [H, S, dv]
     scores = q @ k.transpose(0, 2, 1) + q_rope @ KR.T  # [H, T, S]: the two parts of [q, q_rope] . [k, k_rope]
-    p = _softmax_causal(scores * (1 / math.sqrt(cfg.dn + cfg.dr)))
-    out = (p @ v).transpose(1, 0, 2).reshape(T, H * cfg.dv)  # [T, H*dv]
-    return out @ w["Wo"]
+    out = _attend(scores * (1 / math.sqrt(cfg.dn + cfg.dr)), v)  # [H, T, dv]
+    return out.transpose(1, 0, 2).reshape(T, H * cfg.dv) @ w["Wo"]
 
 
 def absorbed(x, wa, cfg, cache):
@@ -236,6 +238,5 @@ def absorbed(x, wa, cfg, cache):
     T, H = x.shape[0], cfg.H
     q_lat = (x @ wa["Wq_lat"]).reshape(T, H, cfg.r).transpose(1, 0, 2)  # [H, T, r]: a query in latent space
     scores = q_lat @ C.T + q_rope @ KR.T  # [H, T, S]
-    p = _softmax_causal(scores * (1 / math.sqrt(cfg.dn + cfg.dr)))
-    o_lat = (p @ C).transpose(1, 0, 2).reshape(T, H * cfg.r)  # [T, H*r]: weighted latents per head
-    return o_lat @ wa["Wo_lat"]
+    o_lat = _attend(scores * (1 / math.sqrt(cfg.dn + cfg.dr)), C)  # [H, T, r]: weighted latents per head
+    return o_lat.transpose(1, 0, 2).reshape(T, H * cfg.r) @ wa["Wo_lat"]

@@ -12,6 +12,7 @@ that grows with n), `pairwise_sum` (a tree, growing with log n) and `kahan_sum` 
 addition rounded away, Kahan 1965).
 """
 import math
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -33,9 +34,12 @@ def formats(dtypes=(np.float64, np.float32, bfloat16, np.float16)):
 
     eps is the spacing of the format just above 1, the relative step of its rounding (half of it at worst).
     """
+    if isinstance(dtypes, (str, bytes, np.dtype, type)) or not hasattr(dtypes, "__iter__"):
+        raise TypeError(f"dtypes must be a list of floating dtypes, e.g. (np.float32, precision.bfloat16); got "
+                        f"dtypes={dtypes!r}")
     rows = []
-    for dt in dtypes:
-        f = ml_dtypes.finfo(dt)
+    for i, dt in enumerate(dtypes):
+        f = ml_dtypes.finfo(_float_format(f"dtypes[{i}]", dt))
         rows.append(dict(name=np.dtype(dt).name, bits=f.bits, exponent=f.nexp, mantissa=f.nmant,
                          max=float(f.max), eps=float(f.eps), tiny=float(f.smallest_normal)))
     return rows
@@ -62,8 +66,7 @@ def running_sum(x, dtype, axis=-1):
 
     In bfloat16, once the total is 256 times a term, adding it changes nothing: the term is under half a step.
     """
-    dtype = _float_format("dtype", dtype)
-    terms = np.moveaxis(np.asarray(x).astype(dtype), axis, 0)
+    dtype, terms = _terms(x, dtype, axis)
     total = np.zeros(terms.shape[1:], dtype)
     for term in terms:
         total = (total + term).astype(dtype, copy=False)  # numpy float16 would otherwise keep a float32 total
@@ -76,8 +79,7 @@ def pairwise_sum(x, dtype, axis=-1):
     Each term passes through about log2(n) additions instead of up to n, so the rounding errors grow with log n. numpy
     sums float32 and float64 this way (in blocks of 128), and float16 too, with float32 partial sums.
     """
-    dtype = _float_format("dtype", dtype)
-    level = np.moveaxis(np.asarray(x).astype(dtype), axis, 0)  # [n, ...]
+    dtype, level = _terms(x, dtype, axis)  # [n, ...]
     if level.shape[0] == 0:
         return np.zeros(level.shape[1:], dtype)
     while level.shape[0] > 1:
@@ -93,8 +95,7 @@ def kahan_sum(x, dtype, axis=-1):
     total + y loses the low part of y; (new total - total) - y is exactly that loss with its sign flipped (with
     round-to-nearest, in any binary format), so the next term is corrected by it first (Kahan 1965).
     """
-    dtype = _float_format("dtype", dtype)
-    terms = np.moveaxis(np.asarray(x).astype(dtype), axis, 0)
+    dtype, terms = _terms(x, dtype, axis)
     total = np.zeros(terms.shape[1:], dtype)
     lost = np.zeros(terms.shape[1:], dtype)  # minus what the additions so far rounded away
     for term in terms:
@@ -133,6 +134,23 @@ def attention_in(q, k, v, *, store, accumulate, p_store=None):
     p = (e / total).astype(acc)  # [H, T, S]
     out = _sum(p[..., None] * vh[:, None, :, :], acc, axis=2)  # [H, T, d], summed over the keys
     return s, p, out
+
+
+def _terms(x, dtype, axis):
+    """-> (dtype, x cast to it with `axis` moved to the front, [n, ...]): what the three sums loop over."""
+    dtype = _float_format("dtype", dtype)
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:  # a ragged nested list
+        raise ValueError(f"x is not a rectangular array of numbers ({e})") from None
+    if a.dtype.kind not in "iu" and not _is_float(a.dtype):
+        raise TypeError(f"x must hold real numbers; got dtype {a.dtype}")
+    if a.ndim == 0:
+        raise ValueError("x must have at least one axis to sum along; got a single number")
+    axis = validate.integer("axis", axis, minimum=-a.ndim)
+    if axis >= a.ndim:
+        raise ValueError(f"axis={axis} is out of range for x of {a.ndim} axes {a.shape}")
+    return dtype, np.moveaxis(a.astype(dtype), axis, 0)
 
 
 def _sum(x, dtype, axis):
@@ -214,7 +232,7 @@ def scale_for(x, store, per="tensor"):
     """x [Hkv, S, d] -> the scale that maps the largest |x| onto `store`'s largest value: a float for per="tensor",
     float32 [Hkv] for per="head" (one per KV head). A head whose numbers are all 0 gets scale 1."""
     x, store = validate.floats("x", x), _float_format("store", store)
-    if per not in ("tensor", "head"):
+    if not isinstance(per, str) or per not in ("tensor", "head"):
         raise ValueError(f"per must be 'tensor' or 'head'; got per={per!r}")
     if x.ndim != 3 or x.size == 0 or not np.isfinite(x).all():
         raise ValueError(f"x must be a finite, non-empty [Hkv, S, d] array; got shape {x.shape}")
@@ -242,12 +260,26 @@ def _scale(name, scale, Hkv):
 
 def _float_format(name, dtype):
     """-> a numpy dtype for a floating format, ml_dtypes' ones (bfloat16, float8) included."""
+    if dtype is None:  # np.dtype(None) is float64: never what a caller who passes nothing meant
+        raise TypeError(f"{name} must be a floating dtype (np.float32, np.float16, precision.bfloat16, ...); got None")
     try:
-        dt = np.dtype(dtype)
-        if dt.kind == "c":  # finfo accepts complex (it describes the parts)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)  # numpy 2's deprecated aliases ('a') are junk here
+            dt = np.dtype(dtype)
+        if not _is_float(dt):
             raise TypeError
-        ml_dtypes.finfo(dt)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, DeprecationWarning):
         raise TypeError(f"{name} must be a floating dtype (np.float32, np.float16, precision.bfloat16, ...); "
                         f"got {name}={dtype!r}") from None
     return dt
+
+
+def _is_float(dt):
+    """True for a real floating format: numpy's, or ml_dtypes' (whose arrays numpy files under kind 'V')."""
+    if dt.kind == "c":  # finfo accepts complex (it describes the parts)
+        return False
+    try:
+        ml_dtypes.finfo(dt)
+    except (TypeError, ValueError):
+        return False
+    return True

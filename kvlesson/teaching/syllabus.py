@@ -375,7 +375,7 @@ def homework(sessions, found):
             elif block.kind == "demo":
                 done.setdefault(block.what, 0)
     items = []
-    for name in PART_ONE + PART_TWO + PART_THREE + PART_FOUR:
+    for name in PART_ONE + PART_TWO:  # parts three and four build on part two: sessions of their own
         lesson = found[name]
         if lesson.problem:
             continue
@@ -384,7 +384,9 @@ def homework(sessions, found):
         elif lesson.exercises > done[name]:
             n = lesson.exercises - done[name]
             items.append(f"{name}: {n} exercise{'s' if n > 1 else ''} ({n * EXERCISE_MINUTES} min)")
-    return "Homework: " + ("; ".join(items) if items else "none") + "."
+    return ("Homework: " + ("; ".join(items) if items else "none") + ". Part three (" + ", ".join(PART_THREE)
+            + ") builds on lesson 09 and part four (" + ", ".join(PART_FOUR) + ") on part three: sessions of their "
+            "own after part two, not homework.")
 
 
 def markdown(folder="notebooks", plans=None):

