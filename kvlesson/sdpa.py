@@ -94,7 +94,7 @@ def softmax(s: np.ndarray, mask: np.ndarray | None, q: np.ndarray, k: np.ndarray
     The row max is subtracted first, so exp never overflows; with every row keeping a key, the max is finite unless a
     score itself overflowed, which for finite q and k is a ValueError (inputs that large are out of range)."""
     if mask is not None:
-        np.copyto(s, -np.inf, where=~mask)  # in place: a second score array would double the peak memory
+        np.copyto(s, -np.inf, where=np.logical_not(mask))  # in place: a second score array would double the peak memory
     top = s.max(axis=-1, keepdims=True)
     if np.isposinf(top).any() and np.isfinite(q).all() and np.isfinite(k).all():
         raise ValueError(f"attention scores overflow {s.dtype}: some q . k / sqrt(d) is beyond "

@@ -131,12 +131,14 @@ def test_homework_after_a_later_session_leaves_out_what_was_done_before():
     assert "01_attention" not in text and "08_real_model" not in text and "10_precision whole" in text
 
 
-def test_part_three_is_never_homework_of_a_plan_for_parts_one_and_two():
-    """Lesson 14 builds on lessons 09 and 13; the plans listed 13 and 14 whole as homework after a first session."""
+def test_parts_three_and_four_are_never_homework_of_a_plan_for_parts_one_and_two():
+    """Lesson 14 builds on lessons 09 and 13, lesson 15 on part three; the plans listed them whole as homework after a
+    first session."""
     found = syllabus.lessons(NOTEBOOKS)
     for sessions in syllabus.PLANS.values():
         text = syllabus.homework(sessions, found)
-        assert "14_speculative whole" not in text and "13_scheduler whole" not in text and "session of its own" in text
+        assert not [name for name in syllabus.PART_THREE + syllabus.PART_FOUR if f"{name} whole" in text]
+        assert "sessions of their own" in text
 
 
 def test_a_plan_that_overruns_is_reported_and_still_adds_up():
