@@ -35,28 +35,32 @@ SCHEMA = {"type": "object", "properties": {"river": {"type": "string", "maxLengt
 
 
 def stream(port, path, body):
-    """POST a streaming request -> seconds from sending to each piece of text."""
+    """POST a streaming request -> (its text, seconds from sending to each piece of text)."""
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(dict(body, stream=True)).encode(),
                                      {"Content-Type": "application/json"})
-    start, times = time.perf_counter(), []
+    start, text, times = time.perf_counter(), [], []
     with urllib.request.urlopen(request, timeout=600) as response:
         for line in response:
             if line.startswith(b"data: {"):
                 choice = json.loads(line[6:])["choices"]
-                if choice and (choice[0].get("text") or choice[0].get("delta", {}).get("content")):
+                piece = choice and (choice[0].get("text") or choice[0].get("delta", {}).get("content"))
+                if piece:
+                    text.append(piece)
                     times.append(time.perf_counter() - start)
-    return times
+    return "".join(text), times
 
 
 def chat_round(model, caching):
+    """-> (turn 2's TTFT at the client, in the engine, its prompt tokens, those found in the prefix cache): lesson 16's
+    chat, the model's own first answer carried into the second turn."""
     with Server(model, port=0, n_blocks=64, prefix_caching=caching) as s:
         turn1 = [{"role": "user", "content": "Name three rivers in Europe."}]
         ask = {"model": s.name, "temperature": 0, "max_tokens": 16}
-        stream(s.port, "/v1/chat/completions", dict(ask, messages=turn1))
-        turn2 = turn1 + [{"role": "assistant", "content": "The Danube, the Rhine and the Volga."},
-                         {"role": "user", "content": "Which is longest?"}]
-        client = stream(s.port, "/v1/chat/completions", dict(ask, messages=turn2, max_tokens=4))[0]
-        return client, s.loop.stats()["requests"][1]["ttft_s"]
+        first, _ = stream(s.port, "/v1/chat/completions", dict(ask, messages=turn1))
+        turn2 = turn1 + [{"role": "assistant", "content": first}, {"role": "user", "content": "Which is longest?"}]
+        client = stream(s.port, "/v1/chat/completions", dict(ask, messages=turn2, max_tokens=4))[1][0]
+        engine = s.loop.stats()["requests"][1]
+        return client, engine["ttft_s"], engine["prompt"], engine["prefix_hit_tokens"]
 
 
 def load_round(model, clients, rate, tokens, seed):
@@ -67,7 +71,7 @@ def load_round(model, clients, rate, tokens, seed):
         def client(i):
             time.sleep(arrivals[i])
             times[i] = stream(s.port, "/v1/completions", {"model": s.name, "prompt": f"Client {i} asks:",
-                                                          "max_tokens": tokens, "temperature": 0})
+                                                          "max_tokens": tokens, "temperature": 0})[1]
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
         for t in threads:
@@ -118,11 +122,12 @@ def main(argv=None):
     threadpool_limits(args.threads)
     model = llama.load()
     chat_round(model, True), load_round(model, 2, args.rate, 2, seed=99), mask_round(model)  # warm-up, not timed
-    rows = []
+    rows, hits = [], {}
     for r in range(args.rounds):
         row = {}
         for caching in (True, False):
-            row[f"chat_client_{caching}"], row[f"chat_engine_{caching}"] = chat_round(model, caching)
+            row[f"chat_client_{caching}"], row[f"chat_engine_{caching}"], prompt, hits[caching] = chat_round(model,
+                                                                                                          caching)
         row.update(load_round(model, args.clients, args.rate, args.tokens, seed=r))
         row["mask"], row["mask_max"] = mask_round(model)
         rows.append(row)
@@ -145,6 +150,8 @@ def main(argv=None):
         scale = 1e6 if name.startswith("mask") else 1e3
         values = [row[name] * scale for row in kept]
         print(f"| {labels[name]} | {med[name] * scale:.2f} | {spread(values)} |")
+    print(f"chat turn 2: {prompt} prompt tokens, {hits[True]} found in the prefix cache with caching on, "
+          f"{hits[False]} without")
     tokens, forced, slow, fast = jump_forward(model)
     print(f"jump-forward: {tokens} tokens, {forced} forced; {slow} steps one a step, {fast} chunked, "
           f"{slow - fast} saved")
