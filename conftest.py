@@ -4,7 +4,7 @@
     python -m pytest -m "not model and not notebooks and not standalone"   # the package alone: a loop of seconds
 
   notebooks  a lesson run under strict nbval (every one of its cells is an item)
-  model      needs SmolLM2, fetched once into the user cache (tests that use the `model` fixture, and lessons 08-11)
+  model      needs SmolLM2, fetched once into the user cache (the `model` fixture's tests, lessons 08-11, 13, 14)
   browser    JupyterLab driven in the system's Chromium (tests/browser)
   slow       takes several seconds on its own: benchmarks in their smallest form, long hypothesis runs
   standalone the built wheel in a fresh venv, each lesson run alone from it (tests that use `standalone_python`)

@@ -41,7 +41,7 @@ the core and the leaves (validate, configs, text), never each other upwards; not
   costs/           memory (bytes), flops, roofline, perplexity (the ruler), tolerance (float32 drift)
   parallel/        many processes through MPI: launch, tensor (parallelism by heads), ring (ring attention), disagg
   teaching/        verdict, checks (the exercises' checkers), widgets (explorers), drill (lesson 12), syllabus,
-                   student (student copies)
+                   student (student copies), workbook (a learner's own copies), course (an nbgrader course)
 """
 from kvlesson import speculative
 from kvlesson.cache import KVCache, StaticKVCache, WindowKVCache

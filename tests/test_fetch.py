@@ -41,7 +41,7 @@ class FakePip:
     """Stands in for subprocess.Popen running pip: it 'prints' `lines` on the pipe it was given, and exits."""
 
     def __init__(self, lines, status, kwargs):
-        pipe = iter(lines)
+        pipe = io.BytesIO("".join(lines).encode())  # a pipe gives bytes
         self.stdout = pipe if kwargs.get("stdout") == subprocess.PIPE else None
         self.stderr = pipe if kwargs.get("stderr") == subprocess.PIPE else None
         self.returncode = status

@@ -3,6 +3,7 @@ or grading tool, and the lab the reading recipe starts serves every page a lesso
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -59,18 +60,27 @@ def test_every_pin_is_exact_where_outputs_depend_on_it():
 
 @pytest.mark.slow
 def test_the_reading_recipe_serves_the_whole_repository(tmp_path):
-    """`jupyter lab notebooks/00_start_here.ipynb` alone would serve notebooks/ only, and lesson 00's link to the
-    instructor guide would be a 404; the README's command must serve the guide too."""
-    command = next(c for c in recipe("Read the series") if c.startswith("jupyter lab"))
+    """The recipe's last two lines in a copy of the repository: the workbook is made beside notebooks/, and the lab
+    opens its lesson 00. `jupyter lab notebooks/00_start_here.ipynb` alone would serve notebooks/ only, and lesson 00's
+    link to the instructor guide would be a 404; the README's command must serve the guide too."""
+    _, make, command = recipe("Read the series")
+    clone = tmp_path / "clone"
+    for part in ("notebooks", "docs"):
+        shutil.copytree(ROOT / part, clone / part)
+    shutil.copy(ROOT / "README.md", clone)
+    made = subprocess.run([sys.executable, *shlex.split(make)[1:], "--src", str(clone / "notebooks")], cwd=clone,
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
     port, token = _free_port(), secrets.token_hex(8)
     args = shlex.split(command)[2:] + ["--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
                                        "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"]
     env = {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PATH": "", "HOME": str(tmp_path)}
-    lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", *args], cwd=ROOT, env=env,
+    lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", *args], cwd=clone, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for path in ("docs/instructor_guide.md", "notebooks/00_start_here.ipynb", "README.md"):
+        for path in ("docs/instructor_guide.md", "workbook/00_start_here.ipynb", "notebooks/00_start_here.ipynb",
+                     "README.md"):
             assert _get(f"http://127.0.0.1:{port}/api/contents/{path}?content=0&token={token}", lab) == 200, path
     finally:
         lab.terminate()
@@ -96,3 +106,25 @@ def _get(url, process, timeout=60):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
+
+
+def lessons_named(sentence):
+    """{"08", "09", ...} from "Lessons 08 to 11, 13 and 14": numbers and ranges."""
+    found = set()
+    for first, last in re.findall(r"(\d\d)(?: to (\d\d))?", sentence):
+        found |= {f"{n:02d}" for n in range(int(first), int(last or first) + 1)}
+    return found
+
+
+def test_the_lessons_said_to_need_the_model_are_those_that_load_it():
+    """Issue 32: the README and the guide said lessons 08 to 11; 13 and 14 load SmolLM2 too."""
+    import nbformat
+
+    loading = {path.name[:2] for path in (ROOT / "notebooks").glob("*.ipynb")
+               if any("llama.load(" in c.source for c in nbformat.read(path, as_version=4).cells
+                      if c.cell_type == "code")}
+    assert {"08", "13"} <= loading
+    guide = (ROOT / "docs" / "instructor_guide.md").read_text(encoding="utf-8")
+    for text, verb in ((README, "download"), (guide, "run SmolLM2")):
+        said = re.search(rf"Lessons ([\d, toand]+?) {verb}", " ".join(text.split()))
+        assert said and lessons_named(said[1]) == loading, (verb, said and said[0], sorted(loading))

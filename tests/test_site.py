@@ -1,8 +1,9 @@
-"""The site builds offline from the committed notebooks, hides every solution, and has no broken link.
+"""The site builds offline from the committed notebooks, shows what a student copy shows, typesets its formulas
+offline, keeps every output inside its box, and has no broken link.
 
 One build (the README's command, `python scripts/build_site.py`) into a temporary folder serves every test here, with
-the network closed: any proxy-aware fetch goes to a closed port. The pages are then read as files, and lesson 04's
-page is opened in the system Chromium (Playwright, as tests/browser does; nothing is downloaded).
+the network closed: any proxy-aware fetch goes to a closed port. The pages are then read as files, and opened in the
+system Chromium (Playwright, as tests/browser does; nothing is downloaded) with every request to the network refused.
 """
 import json
 import os
@@ -111,6 +112,10 @@ def test_no_local_link_is_broken(site):
     assert "docs/instructor_guide.html" in pages[site / "README.html"].links
     assert "../docs/instructor_guide.html" in pages[site / "notebooks" / "00_start_here.html"].links
     assert "../notebooks/00_start_here.html" in pages[site / "docs" / "instructor_guide.html"].links
+    # lesson 00's sprint, a Markdown output, links 23 sections of other lessons by the ids JupyterLab gives them
+    lesson_00 = pages[site / "notebooks" / "00_start_here.html"].links
+    sprint = [link for link in lesson_00 if re.match(r"\d\d_\w+\.html#", link)]
+    assert len(sprint) >= 23, sprint
     assert not any(link.endswith((".ipynb", ".md")) for page in pages.values() for link in page.links)
 
 
@@ -135,31 +140,50 @@ def test_the_site_ships_no_notebook(site):
     assert not [p.relative_to(site) for p in site.rglob("*.ipynb")]
 
 
-@pytest.mark.browser
-def test_lesson_04_in_chromium(site, tmp_path):
-    """The static mask figure loads, the checker calls are on the page, no solution is, and nothing is fetched."""
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """The system Chromium through Playwright, with every fetch from the network refused: a page must stand alone."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="the Python package playwright is not installed")
     chromium = find_chromium()
     if chromium is None:
         pytest.skip("no system Chromium (Debian: apt-get install chromium)")
-    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path)}
+    home = tmp_path_factory.mktemp("chromium")
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"), "XDG_CACHE_HOME": str(home)}
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS, env=env)
+        launched = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS, env=env)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(PAGE_TIMEOUT_MS)
-            page.route(re.compile(r"^https?://"), lambda route: route.abort())  # the page must stand on its own
-            page.goto((site / "notebooks" / "04_offset_mask.html").as_uri(), wait_until="load")
-            figure = page.locator("section#explore img").first  # draw_masks under the explorer: its static twin
-            figure.scroll_into_view_if_needed()
-            assert figure.is_visible(), "the static mask figure is not visible"
-            size = figure.evaluate("img => img.complete ? [img.naturalWidth, img.naturalHeight] : [0, 0]")
-            assert min(size) > 0, f"the static mask figure did not load ({figure.get_attribute('src')})"
-            unloaded = page.evaluate("[...document.images].filter(i => !i.naturalWidth).map(i => i.src)")
-            assert not unloaded, f"images that did not load: {unloaded}"
-            text = page.inner_text("body")
+            yield launched
         finally:
-            browser.close()
+            launched.close()
+
+
+def offline_page(browser, path):
+    """A page of the site opened from disk in a 1400 x 1000 window, with the network closed; -> (page, what it
+    tried to fetch)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    fetched = []
+    page.route(re.compile(r"^https?://"), lambda route: fetched.append(route.request.url) or route.abort())
+    page.goto(path.as_uri(), wait_until="load")
+    return page, fetched
+
+
+@pytest.mark.browser
+def test_lesson_04_in_chromium(site, browser):
+    """The static mask figure loads, the checker calls are on the page, no solution is, and nothing is fetched."""
+    page, fetched = offline_page(browser, site / "notebooks" / "04_offset_mask.html")
+    try:
+        figure = page.locator("section#explore img").first  # draw_masks under the explorer: its static twin
+        figure.scroll_into_view_if_needed()
+        assert figure.is_visible(), "the static mask figure is not visible"
+        size = figure.evaluate("img => img.complete ? [img.naturalWidth, img.naturalHeight] : [0, 0]")
+        assert min(size) > 0, f"the static mask figure did not load ({figure.get_attribute('src')})"
+        unloaded = page.evaluate("[...document.images].filter(i => !i.naturalWidth).map(i => i.src)")
+        assert not unloaded, f"images that did not load: {unloaded}"
+        text = page.inner_text("body")
+    finally:
+        page.close()
+    assert not fetched, f"the page asked the network for {fetched}"
     assert "sliders appear here when this cell runs with a live kernel" in text  # the widget's own fallback
     for call in ("checks.check_offset_mask(offset_mask)", "checks.check_visible_counts(visible_counts)"):
         assert call in text, f"the checker call {call} is missing"
@@ -167,3 +191,71 @@ def test_lesson_04_in_chromium(site, tmp_path):
     assert any("BIG[S - T : S, :S]" in line for line in solutions)  # the lesson still has the exercise this reads
     shown = [line for line in solutions if line in text]
     assert not shown, f"lesson 04's page shows solution code: {shown}"
+
+
+def math_pages(site):
+    """The lessons' pages that hold a formula (Sphinx marks each with the class "math")."""
+    return [path for path in sorted((site / "notebooks").glob("*.html")) if 'class="math' in path.read_text()]
+
+
+@pytest.mark.browser
+def test_every_formula_is_typeset_offline(site, browser):
+    """Issue 32: MathJax came from its CDN, so offline every formula showed as raw TeX. Now the site ships it: each
+    page with a formula typesets all of them with the network closed, and asks the network for nothing."""
+    pages = math_pages(site)
+    assert len(pages) >= 5, [p.name for p in pages]  # lessons 01, 02, 05, 10 and 14 hold formulas, at least
+    for path in pages:
+        page, fetched = offline_page(browser, path)
+        try:
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+            page.evaluate("() => MathJax.startup.promise")
+            raw = page.evaluate("""() => [...document.querySelectorAll('.math')]
+                .filter(m => !m.querySelector('mjx-container') && !m.closest('mjx-container'))
+                .map(m => m.textContent.slice(0, 60))""")
+            typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+            errors = page.evaluate("() => document.querySelectorAll('mjx-merror').length")
+        finally:
+            page.close()
+        assert not fetched, f"{path.name} asked the network for {fetched}"
+        assert typeset and not raw and not errors, f"{path.name}: {typeset} typeset, raw TeX left: {raw[:3]}, " \
+                                                   f"{errors} TeX errors"
+
+
+@pytest.mark.browser
+def test_no_output_runs_out_of_its_box(site, browser):
+    """Issue 32: 149 output cells overflowed their box sideways (a reader had to scroll each printed table). The site
+    wraps them: on every lesson's page, at a laptop's width, no output is wider than the box it sits in."""
+    wide = []
+    for path in sorted((site / "notebooks").glob("*.html")):
+        page, _ = offline_page(browser, path)
+        try:
+            wide += [f"{path.name}: {w}" for w in page.evaluate("""() => [...document.querySelectorAll(
+                '.cell_output pre, .cell_output table, .cell_output img')]
+                .filter(e => e.scrollWidth > e.closest('.cell_output').clientWidth + 1)
+                .map(e => e.textContent.slice(0, 60) || e.tagName)""")]
+        finally:
+            page.close()
+    assert not wide, f"{len(wide)} outputs run out of their box:\n" + "\n".join(wide[:20])
+
+
+def plain(markdown):
+    """Markdown's text as a page shows it, near enough: links as their text, no emphasis or code marks."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)
+    return " ".join(re.sub(r"[*`_#>]", "", text).split())
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda nb: nb.stem)
+def test_a_page_gives_away_no_more_than_a_student_copy(site, notebook):
+    """Issue 32: lesson 12's page named every suspect's bug ("Suspect G was np.tile's head pairing"), priced every
+    model and summed up the answers; student copies removed them, the site did not. A page is the student copy: no
+    PASS a solved exercise earns, none of lesson 12's answers, no explanation tagged `answer`."""
+    import nbformat
+
+    from tests.test_student import _drill_answers, _pass_lines
+
+    key = nbformat.read(notebook, as_version=4)
+    text = " ".join("".join(Page(site / "notebooks" / f"{notebook.stem}.html").text).split())
+    answers = _pass_lines(key) | (_drill_answers() if notebook.name.startswith("12_") else set())
+    answers |= {plain(c.source)[:80] for c in key.cells if "answer" in c.metadata.get("tags", [])}
+    shown = sorted(a for a in answers if " ".join(a.split()) in text)
+    assert not shown, f"{notebook.name}'s page shows {shown[:3]}"

@@ -29,15 +29,6 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 # the kernel and the front end: requirements.txt pins them for a local set-up, and a hosted service brings its own
 LOCAL_ONLY = {"ipykernel", "jupyterlab"}
 SANITIZE = "nbval_sanitize.cfg"  # a test tool, not something a lesson reads: it goes beside the lesson
-# every lesson's first code cell, exactly: it installs the package on Colab and does nothing (and prints nothing)
-# anywhere else; the site leaves it out (the `remove-cell` tag), since a reader of a page runs nothing
-FIRST_CELL = '''import subprocess
-import sys
-
-# a hosted notebook (Colab) starts without kvlesson; locally the README's set-up installed it, so nothing runs here
-if "google.colab" in sys.modules:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "kvlesson[lessons]"], check=True)'''
-FIRST_CELL_TAGS = ["remove-cell"]
 ONE_LESSON_TIMEOUT = 900  # seconds: lesson 11, the longest, takes about a minute; this only bounds a hang
 
 
@@ -78,12 +69,63 @@ def first_code_cell(path):
     return next(c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code")
 
 
+@pytest.fixture(scope="module")
+def install_cell():
+    """scripts/install_cell.py: every lesson's first code cell, with the repository pyproject.toml names."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import install_cell
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return install_cell
+
+
 @pytest.mark.parametrize("lesson", LESSONS)
-def test_every_lesson_starts_with_the_same_install_cell(lesson):
-    """One exact text, so that no lesson's copy drifts; locally it prints nothing."""
+def test_every_lesson_starts_with_the_same_install_cell(lesson, install_cell):
+    """One exact text, so that no lesson's copy drifts (`python scripts/install_cell.py --write` restores it);
+    locally it prints nothing, and the site leaves it out (its `remove-cell` tag): a page runs nothing."""
     cell = first_code_cell(ROOT / "notebooks" / f"{lesson}.ipynb")
-    assert "".join(cell["source"]) == FIRST_CELL, f"{lesson}'s first code cell is not tests/test_standalone.py's"
-    assert cell["metadata"].get("tags") == FIRST_CELL_TAGS and cell["outputs"] == []
+    assert "".join(cell["source"]) == install_cell.cell_text(), (
+        f"{lesson}'s first code cell is not scripts/install_cell.py's: run `python scripts/install_cell.py --write`")
+    assert cell["metadata"].get("tags") == install_cell.TAGS and cell["outputs"] == []
+
+
+def run_install_cell(text, folder, monkeypatch, colab=True, status=0):
+    """Run the cell's text in `folder` as Colab would (a `google.colab` module loaded), with pip replaced by a
+    stand-in that exits with `status`; -> the pip commands it ran."""
+    ran = []
+    monkeypatch.chdir(folder)
+    if colab:
+        monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: ran.append(command) or
+                        subprocess.CompletedProcess(command, status))
+    exec(compile(text, "install cell", "exec"), {})
+    return ran
+
+
+def test_on_colab_the_cell_installs_only_what_the_project_names(install_cell, tmp_path, monkeypatch, capsys):
+    """Issue 32: it ran `pip install kvlesson[lessons]`, a name on PyPI the project does not own. Now: the repository
+    pyproject.toml names, as a pip VCS address, or a wheel the learner uploaded (the newest, when several)."""
+    text, repository = install_cell.cell_text(), install_cell.repository()
+    assert repository.startswith("https://") and "kvlesson[lessons]\"" not in text
+    (ran,) = run_install_cell(text, tmp_path, monkeypatch)
+    assert ran[1:5] == ["-m", "pip", "install", "-q"] and ran[5:] == [f"kvlesson[lessons] @ git+{repository}"]
+    for n, name in enumerate(["kvlesson-0.1.0-py3-none-any.whl", "kvlesson-0.2.0-py3-none-any.whl"]):
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (1e9 + n, 1e9 + n))
+    (ran,) = run_install_cell(text, tmp_path, monkeypatch)
+    assert ran[5:] == ["kvlesson-0.2.0-py3-none-any.whl[lessons]"]
+    assert run_install_cell(text, tmp_path, monkeypatch, colab=False) == [] and capsys.readouterr() == ("", "")
+
+
+def test_a_failed_install_says_what_to_do_in_one_line(install_cell, tmp_path, monkeypatch):
+    with pytest.raises(RuntimeError) as failed:
+        run_install_cell(install_cell.cell_text(), tmp_path, monkeypatch, status=1)
+    said = str(failed.value)
+    assert "\n" not in said and f"could not install kvlesson[lessons] @ git+{install_cell.repository()}" in said
+    assert "upload a kvlesson wheel (kvlesson-*.whl)" in said
 
 
 def test_the_lessons_folder_holds_the_series():
@@ -166,3 +208,20 @@ def test_the_lesson_runs_alone_from_the_installed_wheel(standalone_python, lesso
     shutil.copy(ROOT / SANITIZE, tmp_path)
     run([standalone_python, "-m", "pytest", *nbval_options(), "-p", "no:cacheprovider", "-q", f"{lesson}.ipynb"],
         cwd=tmp_path, venv=standalone_python.parent.parent, timeout=ONE_LESSON_TIMEOUT)
+
+
+def test_the_workbook_is_made_without_nbgrader(standalone_python, tmp_path):
+    """Issue 32: the learner's unsolved copies come from the learner's own install, which has no nbgrader (the
+    student tool used to fail there with ModuleNotFoundError). Two lessons, copied as a clone holds them."""
+    venv = standalone_python.parent.parent
+    missing = run([standalone_python, "-c", "import importlib.util; print(importlib.util.find_spec('nbgrader'))"],
+                  cwd=tmp_path, venv=venv)
+    assert missing.strip() == "None", "the standalone venv has nbgrader: this test would prove nothing"
+    (tmp_path / "notebooks").mkdir()
+    for lesson in ("00_start_here", "04_offset_mask"):
+        shutil.copy(ROOT / "notebooks" / f"{lesson}.ipynb", tmp_path / "notebooks")
+    said = run([standalone_python, "-m", "kvlesson.teaching.workbook", "--src", "notebooks"], cwd=tmp_path, venv=venv)
+    assert "04_offset_mask.ipynb: written, 2 solution blocks for you to write" in said, said
+    code = "".join("".join(c["source"]) for c in json.loads((tmp_path / "workbook" / "04_offset_mask.ipynb").read_text(
+        encoding="utf-8"))["cells"] if c["cell_type"] == "code")
+    assert "### BEGIN SOLUTION" not in code and code.count('raise NotImplementedError("your turn")') == 2

@@ -13,6 +13,7 @@ from kvlesson.teaching.student import (
     ANSWER_STUB,
     BEGIN,
     END,
+    STUB,
     main,
     strip_solutions,
     student_notebook,
@@ -273,14 +274,34 @@ def test_a_marker_inside_a_line_is_refused_not_cut():
         strip_solutions('x = 1\nprint("### BEGIN SOLUTION")\n', "01_a.ipynb, cell 0")
 
 
-def test_the_stripping_is_nbgraders_own():
+@pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
+def test_the_stripping_is_nbgraders_own_on_every_lesson(name):
+    """The replacement is written here (a learner's install has no nbgrader), and equals what nbgrader's
+    ClearSolutions makes of every code cell of every lesson with the course's settings (markdown is left alone: lesson
+    00's prose names the markers)."""
     from nbgrader.preprocessors import ClearSolutions
 
-    cell = nbformat.v4.new_code_cell(EXERCISE)
-    ClearSolutions(enforce_metadata=False, code_stub={"python": 'raise NotImplementedError("your turn")'},
-                   begin_solution_delimeter=BEGIN, end_solution_delimeter=END).preprocess_cell(
-        cell, {"language": "python"}, 0)
-    assert strip_solutions(EXERCISE) == (cell.source, 1)
+    from kvlesson.teaching.student import CLEAR_SOLUTIONS
+
+    clear = ClearSolutions(enforce_metadata=False, **CLEAR_SOLUTIONS)
+    code = [c for c in nbformat.read(NOTEBOOKS / name, as_version=4).cells if c.cell_type == "code"]
+    ours = [strip_solutions(c.source)[0] for c in code]
+    theirs = [clear.preprocess_cell(nbformat.from_dict(c), {"language": "python"}, 0)[0].source for c in code]
+    assert ours == theirs
+    assert sum(s.count(STUB) for s in ours) == sum(c.source.count(STUB) + c.source.count(BEGIN) for c in code)
+
+
+def test_the_stripping_is_nbgraders_own_on_odd_layouts():
+    from nbgrader.preprocessors import ClearSolutions
+
+    from kvlesson.teaching.student import CLEAR_SOLUTIONS
+
+    for source in (EXERCISE, f"{BEGIN}\nx = 1\n{END}", f"x = 0\n\t{BEGIN}\n\tx = 1\n\t{END}\ny = 2\n",
+                   f"if a:\n    {BEGIN}\n    b = 1\n    {END}\nelse:\n        {BEGIN}\n        b = 2\n        {END}",
+                   f"{BEGIN}  \nx = 1\n  {END}\n\n"):
+        cell = nbformat.v4.new_code_cell(source)
+        ClearSolutions(enforce_metadata=False, **CLEAR_SOLUTIONS).preprocess_cell(cell, {"language": "python"}, 0)
+        assert strip_solutions(source)[0] == cell.source, source
 
 
 def test_force_over_a_folder_in_the_way_writes_nothing(tmp_path, capsys):

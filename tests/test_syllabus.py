@@ -56,6 +56,15 @@ def test_counts_on_a_small_notebook():
     assert syllabus.sections(CELLS) == {"1. Your turn": 2, "2. Interview corner": 6, "2.1 A follow-up": 0}
 
 
+def test_a_section_counts_the_words_of_its_subsections():
+    """Issue 32: lesson 05's "4. The decode floor" counted 0 words, its prose being in 4.1 to 4.3."""
+    cells = [md("## 4. The floor\n### 4.1 Bytes\nOne two three.\n#### 4.1.1 Deeper\nFour."),
+             md("### 4.2 Why\nFive six.\n## 5. Next\nSeven.")]
+    assert syllabus.sections(cells) == {"4. The floor": 6, "4.1 Bytes": 4, "4.1.1 Deeper": 1, "4.2 Why": 2,
+                                        "5. Next": 1}
+    assert syllabus.anchor("3. The np.tril bug") == "3.-The-np.tril-bug"
+
+
 def test_count_words_keeps_contractions_and_splits_code():
     assert syllabus.count_words("don't stop: the lesson's 3.3, `np.tril`") == 8  # don't stop the lesson's 3 3 np tril
 
@@ -243,3 +252,13 @@ def test_the_guides_verdict_script_reads_each_exercises_checker(tmp_path):
         "Deleted: checker cell missing from the student's copy",
         "never_ran: no verdict (the cell did not run)",
     ]
+
+
+def test_the_30_second_answer_fits_in_30_seconds():
+    """Issue 32: "the 30-second answer" of lesson 00 was 168 words, over a minute aloud. At most 80 words: each run of
+    characters between spaces that holds a letter or a digit counts (`j <= S - T + i` is four)."""
+    cells = syllabus.read_cells(NOTEBOOKS / "00_start_here.ipynb")
+    (cell,) = [c for c in cells if c["cell_type"] == "markdown" and "The 30-second answer" in syllabus._source(c)]
+    quoted = " ".join(line[1:] for line in syllabus._source(cell).splitlines() if line.startswith(">"))
+    words = [w for w in quoted.split() if re.search(r"[A-Za-z0-9]", w)]
+    assert 40 <= len(words) <= 80, f"{len(words)} words"

@@ -1,2 +1,3 @@
 """The lessons' aids: the Verdict every checker returns, the checkers, the explorers, the interview drill,
-the syllabus and the student copies. Nothing in the core imports this package."""
+the syllabus, the student copies, a learner's workbook and the nbgrader course. Nothing in the core imports this
+package."""

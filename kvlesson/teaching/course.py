@@ -28,6 +28,7 @@ from kvlesson.teaching.student import (
     ANSWER_STUB,
     ANSWER_TAG,
     CLEAR_SOLUTIONS,
+    NOTEBOOKS,
     check_markers,
     read_lessons,
     refuse_to_write_into,
@@ -36,7 +37,6 @@ from kvlesson.teaching.student import (
 )
 
 POINTS = 1  # per exercise, unless told otherwise
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # nbgrader's limit on one cell's run time during autograde; its own default (30 s) leaves no margin for the float64
 # measurements of lessons 10 and 11 on a slow or busy machine. 600 s is what the guide's nbconvert command gives.
 CELL_TIMEOUT = 600
@@ -48,7 +48,9 @@ c.CourseDirectory.course_id = "kvlesson"
 # how the lessons mark a solution, and what a student copy holds instead (the same as the student tool's)
 {clear}
 c.Execute.timeout = {timeout}  # seconds per cell during autograde
-# where release_assignment, fetch_assignment, submit and collect meet: a folder every account can write to
+# The exchange, where release_assignment, fetch_assignment, submit and collect meet: nbgrader's default,
+# /usr/local/share/nbgrader/exchange, made once by an administrator and writable by every account. Another folder
+# goes here AND into every student's ~/.jupyter/nbgrader_config.py: a student's nbgrader never reads this file.
 # c.Exchange.root = "/srv/nbgrader/exchange"
 '''
 
@@ -143,11 +145,9 @@ def write_course(dest, lessons=(), src=NOTEBOOKS, points=POINTS, force=False):
         if not exercises:
             raise ValueError(f"{stem} has no exercise to grade")
         made.append((dest / "source" / stem / f"{stem}.ipynb", nb, exercises))
-    config = dest / "nbgrader_config.py"
-    if config.exists() and not force:
-        raise ValueError(f"{config} already exists; nothing was written. Pick another folder, or pass --force")
-    write_notebooks([(path, nb) for path, nb, _ in made], force)
-    config.write_text(config_text(), encoding="utf-8")
+    # the config with the notebooks, all or none: issue 33, a folder named nbgrader_config.py stopped a --force run
+    # after it had replaced the instructor's source notebooks
+    write_notebooks([(path, nb) for path, nb, _ in made] + [(dest / "nbgrader_config.py", config_text())], force)
     return [(path, exercises) for path, _, exercises in made]
 
 

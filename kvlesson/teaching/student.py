@@ -4,8 +4,10 @@
     python -m kvlesson.teaching.student notebooks/ student/ --force    # replaces them (a learner's edits are lost)
 
 A solution block is the lines between `### BEGIN SOLUTION` and `### END SOLUTION` in a code cell, the
-convention of nbgrader, the classroom standard; nbgrader's own ClearSolutions preprocessor replaces each
-block with the stub, indented like its BEGIN line. Around it, this tool adds what a classroom needs:
+convention of nbgrader, the classroom standard. Each block becomes the stub, indented like its BEGIN line: the
+replacement nbgrader's ClearSolutions makes (tests/test_student.py compares the two on every lesson), done here in a
+few lines so that a learner's install, which has no nbgrader, makes the same copies
+(`python -m kvlesson.teaching.workbook`). Around it, this tool adds what a classroom needs:
   - markers are checked first, and a broken one is reported with its file, cell and line;
   - no output that depends on a solved exercise survives: the outputs of every exercise cell are cleared, and so
     are those of every later cell that reads a name an exercise cell defined, or a name such a cell defined or
@@ -31,23 +33,28 @@ from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = 'raise NotImplementedError("your turn")'
-# how nbgrader's ClearSolutions finds and replaces a solution block, here and in an nbgrader course (course.py)
+# nbgrader's ClearSolutions set to replace a block as strip_solutions does: an nbgrader course's config (course.py)
 CLEAR_SOLUTIONS = {"code_stub": {"python": STUB}, "begin_solution_delimeter": BEGIN, "end_solution_delimeter": END}
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the solved lessons, in a clone of the repository
 ANSWER_TAG = "answer"  # the cell tag of a markdown cell that gives an answer away
 ANSWER_STUB = ("*(This explanation gives an exercise's answer away, so the student copy leaves it out. Read it in "
                "the lesson's solved copy, `notebooks/` in the repository, once the checker above says PASS.)*")
 
 
 def strip_solutions(source, where="cell"):
-    """Source text -> (student source, number of solution blocks). ValueError on unbalanced markers."""
-    blocks = check_markers(source, where)
-    if not blocks:
-        return source, 0
-    import nbformat
+    """Source text -> (student source, number of solution blocks). ValueError on unbalanced markers.
 
-    cell = nbformat.v4.new_code_cell(source)
-    _clear_solutions().preprocess_cell(cell, {"language": "python"}, 0)
-    return cell.source, blocks
+    Each block, its marker lines included, becomes one STUB line indented like its BEGIN line."""
+    blocks = check_markers(source, where)
+    kept, inside = [], False
+    for line in source.split("\n"):
+        if line.strip() == BEGIN:
+            kept.append(line[:len(line) - len(line.lstrip())] + STUB)
+        if line.strip() in (BEGIN, END):
+            inside = line.strip() == BEGIN
+        elif not inside:
+            kept.append(line)
+    return "\n".join(kept), blocks
 
 
 def check_markers(source, where="cell"):
@@ -342,7 +349,8 @@ def read_lessons(src):
 
 
 def write_notebooks(files, force=False):
-    """Write every (path, notebook) of `files`, all or none, making the folders they need.
+    """Write every (path, notebook) of `files`, all or none, making the folders they need (a str in place of a
+    notebook is written as text: an nbgrader config beside the course's notebooks).
 
     ValueError, before anything is written, when a file exists and not `force` (it may hold a learner's work), or
     when something other than a file stands where one must go. A write that fails (OSError, the caller's to report)
@@ -350,16 +358,16 @@ def write_notebooks(files, force=False):
     """
     import nbformat
 
-    there = [str(path) for path, _ in files if path.exists()]
-    if there and not force:
-        more = f" and {len(there) - 3} more" if len(there) > 3 else ""
-        raise ValueError(f"{', '.join(there[:3])}{more} already exist and may hold a learner's work; "
-                         "nothing was written. Pick another folder, or pass --force to replace them")
     staged = [(path.with_name(f".{path.name}.tmp"), path, nb) for path, nb in files]
     blocked = [str(p) for tmp, path, _ in staged for p in (path, tmp) if p.exists() and not p.is_file()]
     if blocked:  # issue 19: with --force, a folder in the way stopped the run after some copies were written
         raise ValueError(f"{blocked[0]} is in the way: a folder (or another non-file) where a copy must go; nothing "
                          "was written. Move it, or pick another folder")
+    there = [str(path) for path, _ in files if path.exists()]
+    if there and not force:
+        more = f" and {len(there) - 3} more" if len(there) > 3 else ""
+        raise ValueError(f"{', '.join(there[:3])}{more} already exist and may hold a learner's work; "
+                         "nothing was written. Pick another folder, or pass --force to replace them")
     missing = {d for path, _ in files for d in (path.parent, *path.parent.parents) if not d.exists()}
     made = []
     try:  # every file written beside its place first, so that a failure leaves the old ones as they were
@@ -367,7 +375,7 @@ def write_notebooks(files, force=False):
             folder.mkdir()
             made.append(folder)
         for tmp, _, nb in staged:
-            nbformat.write(nb, tmp)
+            tmp.write_text(nb, encoding="utf-8") if isinstance(nb, str) else nbformat.write(nb, tmp)
     except BaseException:
         for tmp, _, _ in staged:
             tmp.unlink(missing_ok=True)
@@ -403,13 +411,6 @@ def main(argv=None):
     for path, blocks in written:
         print(f"{path}: {blocks} solution block{'s' if blocks != 1 else ''} replaced")
     return 0
-
-
-def _clear_solutions():
-    from nbgrader.preprocessors import ClearSolutions
-
-    # enforce_metadata=False: the lessons mark solutions with the comment lines only, not nbgrader cell metadata
-    return ClearSolutions(enforce_metadata=False, **CLEAR_SOLUTIONS)
 
 
 if __name__ == "__main__":

@@ -86,16 +86,26 @@ def run_seconds(cells):
 
 
 def sections(cells):
-    """{heading: words of prose under it} for every markdown heading below the title (## and deeper)."""
-    found, current = {}, None
+    """{heading: words of prose under it, its subsections' included} for every markdown heading below the title (##
+    and deeper): what a reader told to read that section reads. Issue 32: "4. The decode floor", whose prose sits in
+    4.1 to 4.3, counted 0 words."""
+    found, within = {}, []  # within: the (level, heading) of every heading the current line sits under
     for cell in cells:
         for line in _source(cell).splitlines() if cell.get("cell_type") == "markdown" else []:
             if line.startswith("##"):
-                current = line.lstrip("# ").replace("`", "")
-                found[current] = 0
-            elif current is not None:
-                found[current] += count_words(line)
+                level, heading = len(line) - len(line.lstrip("#")), line.lstrip("# ").replace("`", "")
+                within = [(n, h) for n, h in within if n < level] + [(level, heading)]
+                found[heading] = 0
+                continue
+            for _, heading in within:
+                found[heading] += count_words(line)
     return found
+
+
+def anchor(heading):
+    """The id JupyterLab gives a heading (its text, spaces made hyphens): `lesson.ipynb#` + this opens the lesson
+    there, in the lab and on the site (scripts/site_hooks.py gives each page's headings the same ids)."""
+    return heading.replace(" ", "-")
 
 
 def estimated_minutes(words, live=0, corners=0, seconds=0.0):

