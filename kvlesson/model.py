@@ -23,6 +23,7 @@ from kvlesson import atomic, validate
 from kvlesson.cache import KVCache, StaticKVCache, checkpoint
 from kvlesson.configs import Config
 from kvlesson.layer import attend, project
+from kvlesson.sample import GREEDY, Sampling, sample, seeded
 
 Reduce = Callable[[np.ndarray], np.ndarray]  # [T, D] this process's partial sum -> [T, D] the sum over all of them
 
@@ -113,25 +114,26 @@ def new_cache(cfg, dtype=np.float32, static=True):
     return [KVCache(cfg.Hkv, cfg.d, dtype) for _ in range(cfg.n_layers)]
 
 
-def generate(cfg: Config, w: dict, ids, max_new_tokens: int, use_cache: bool = True, dtype=np.float32) -> list[int]:
-    """Greedy decoding. Returns the new token ids only.
+def generate(cfg: Config, w: dict, ids, max_new_tokens: int, use_cache: bool = True, dtype=np.float32,
+             sampling: Sampling = GREEDY) -> list[int]:
+    """Decoding, greedy unless `sampling` says otherwise (kvlesson.sample). Returns the new token ids only.
 
     With the cache, the prompt is prefilled once and each step feeds one token, on caches sized to what the request
     can reach: caches for the model's whole context would make every call allocate, and fault in, far more memory
     than it uses (lesson 14's clock once measured that instead of speculation). Without it, each step re-runs the
-    whole sequence through fresh caches (recompute).
+    whole sequence through fresh caches (recompute). A sampling without a seed gets a fresh one (sample.seeded).
     """
     ids = [int(i) for i in ids]
+    sampling = seeded(sampling)
     out = []
     caches = new_cache(with_max_len(cfg, len(ids) + max_new_tokens), dtype)
     logits = forward(cfg, w, ids, caches)  # prefill
     for _ in range(max_new_tokens):
-        nxt = int(np.argmax(logits[-1]))
-        out.append(nxt)
+        out.append(sample(logits[-1], sampling, position=len(out), history=ids + out))
         if len(out) == max_new_tokens:
             break
         if use_cache:
-            logits = forward(cfg, w, [nxt], caches)
+            logits = forward(cfg, w, [out[-1]], caches)
         else:
             logits = forward(cfg, w, ids + out, new_cache(with_max_len(cfg, len(ids) + len(out)), dtype))
     return out
