@@ -26,6 +26,7 @@ and tokens a grammar forces, which draw nothing, leave every later draw where it
 """
 import dataclasses
 import numbers
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -71,8 +72,8 @@ class Sampling:
 GREEDY = Sampling()
 
 
-def probabilities(logits: np.ndarray, params: Sampling = GREEDY, *, history=(), allowed: np.ndarray | None = None
-                  ) -> np.ndarray:
+def probabilities(logits: np.ndarray, params: Sampling = GREEDY, *, history: Iterable[int] = (),
+                  allowed: np.ndarray | None = None) -> np.ndarray:
     """[V] logits -> [V] float64 probabilities after every rule of `params` (one-hot when greedy).
 
     history: the token ids already in the text, for the repetition penalty (each counts once, however often it
@@ -141,7 +142,7 @@ def draw(weights: np.ndarray, u: float) -> int:
     return min(i, int(np.flatnonzero(weights)[-1]))  # u * total can round up to the total itself
 
 
-def sample(logits: np.ndarray, params: Sampling = GREEDY, *, position: int = 0, history=(),
+def sample(logits: np.ndarray, params: Sampling = GREEDY, *, position: int = 0, history: Iterable[int] = (),
            allowed: np.ndarray | None = None) -> int:
     """[V] logits -> the next token id: the argmax when greedy, else a draw from `probabilities` with the uniform
     number of (params.seed, position). position: the token's index in the request's output (0 for the first)."""

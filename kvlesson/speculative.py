@@ -29,13 +29,18 @@ A tree of drafts (several guesses at one position, each with its own continuatio
 its own ancestors only (kvlesson.tree_mask), `verify_tree` runs the model over it, `walk` follows the branch the
 model agrees with, and `TreeCache.keep` keeps that branch in the cache and drops the rest.
 """
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import atomic, validate
 from kvlesson import model as _model
-from kvlesson.cache import Cache, checkpoint, rules
+from kvlesson.cache import Cache, CacheLike, checkpoint, rules
+from kvlesson.configs import Config, ModelLike
 from kvlesson.sample import Sampling, draw, probabilities
 from kvlesson.sdpa import tree_depths, tree_mask
 
@@ -46,7 +51,10 @@ __all__ = ["generate", "accept", "ngram", "EarlyExit", "rollback", "TreeCache", 
 # ---- the loop
 
 
-def generate(model, ids, max_new_tokens, draft="ngram", k=4, temperature=0.0, rng=None, sampling=None):
+def generate(model: ModelLike, ids: Sequence[int], max_new_tokens: int,
+             draft: str | EarlyExit | Callable[[list[int], int], Sequence[int]] = "ngram", k: int = 4,
+             temperature: float = 0.0, rng: np.random.Generator | None = None, sampling: Sampling | None = None
+             ) -> tuple[list[int], dict[str, int]]:
     """-> (the max_new_tokens new token ids, stats): speculative decoding of `model` (a kvlesson.llama.Model).
 
     draft: "ngram" (prompt lookup, `ngram`), "early_exit" (`EarlyExit()`, the first half of the layers), an
@@ -115,7 +123,8 @@ def rollback(caches: list, n: int) -> None:
 # ---- the rule
 
 
-def accept(p_target, q_draft, draft_tokens, rng):
+def accept(p_target: ArrayLike, q_draft: ArrayLike, draft_tokens: Sequence[int], rng: np.random.Generator
+           ) -> list[int]:
     """-> the emitted ids: the accepted drafts, then one token of the target's. Preserves the target distribution.
 
     p_target [k + 1, V]: the target's next-token probabilities after each of the k + 1 verified tokens; q_draft
@@ -151,7 +160,7 @@ def _one_hot(tokens, V):
 # ---- the drafters
 
 
-def ngram(context, k, n=3):
+def ngram(context: Sequence[int], k: int, n: int = 3) -> list[int]:
     """Prompt lookup: the k tokens that followed the latest earlier occurrence of the context's last m tokens,
     trying m = n, n - 1, .., 1 (a longer match is a better bet); [] when even the last token never occurred before.
 
@@ -179,14 +188,15 @@ class EarlyExit:
 
     layers: int | None = None  # None: the first half, n_layers // 2
 
-    def depth(self, cfg):
+    def depth(self, cfg: Config) -> int:
         """-> how many layers the drafter runs on a model of this config."""
         L = cfg.n_layers // 2 if self.layers is None else self.layers
         if not 1 <= L < cfg.n_layers:
             raise ValueError(f"EarlyExit(layers={self.layers}) needs 1 <= layers < the model's {cfg.n_layers}")
         return L
 
-    def propose(self, cfg, w, caches, pending, k, params, rng, history=()):
+    def propose(self, cfg: Config, w: dict, caches: list, pending: int, k: int, params: Sampling | float,
+                rng: np.random.Generator, history: Sequence[int] = ()) -> tuple[list[int], np.ndarray]:
         """-> (k drafts after `pending`, the distributions they were drawn from [k, V]), the caches as they were.
         params: a kvlesson.sample.Sampling (or a temperature), which processes the drafter's rows as the target's;
         history: the text so far, pending included, for its repetition penalty."""
@@ -242,7 +252,7 @@ class TreeCache(Cache):
     them once more).
     """
 
-    def __init__(self, cache, parents):
+    def __init__(self, cache: CacheLike, parents: Sequence[int]):
         window, capacity, dtype = rules(cache)
         if window is not None or (isinstance(cache, Cache) and cache.mask(1) is not None):
             raise ValueError(f"a tree of drafts needs a cache whose queries see every cached key; "
@@ -256,16 +266,16 @@ class TreeCache(Cache):
     def __len__(self):
         return len(self.inner)
 
-    def positions(self, T):
+    def positions(self, T: int) -> np.ndarray:
         """-> int [T]: node i at S + depth(i), where it sits in every text it belongs to."""
         self._check_nodes(T)
         return len(self.inner) + self.depths
 
-    def mask(self, T):
+    def mask(self, T: int) -> np.ndarray:
         """-> bool [T, S + T]: every cached key, then the node itself and its ancestors."""
         return tree_mask(self.parents, len(self) - T)
 
-    def append(self, k_new, v_new):
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(self.inner) != self.S or self._new is not None:
             raise ValueError("a TreeCache takes its tree once, onto the cache as it was wrapped")
         self._check_nodes(k_new.shape[1])
@@ -273,7 +283,7 @@ class TreeCache(Cache):
         self._new = (np.array(k_new), np.array(v_new))  # [Hkv, T, d] each, rotated where the nodes sit
         return K, V
 
-    def keep(self, path):
+    def keep(self, path: Sequence[int]) -> None:
         """Keep the nodes of `path` (root first, each the parent of the next) after the S cached positions."""
         if isinstance(path, (str, bytes)) or not hasattr(path, "__len__"):
             raise TypeError(f"path must be a list of node indices, root first; got {type(path).__name__}")
@@ -290,7 +300,7 @@ class TreeCache(Cache):
         self.inner.truncate(self.S)
         self.inner.append(k[:, path], v[:, path])  # node at depth j to position S + j, rotated there already
 
-    def checkpoint(self):
+    def checkpoint(self) -> Callable[[], None]:
         inner, new = checkpoint(self.inner), self._new
 
         def restore():
@@ -303,11 +313,12 @@ class TreeCache(Cache):
             raise ValueError(f"this TreeCache was made for {len(self.parents)} nodes; got T={T} new tokens")
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.inner.nbytes
 
 
-def verify_tree(model, caches, tokens, parents):
+def verify_tree(model: ModelLike, caches: list, tokens: Sequence[int], parents: Sequence[int]
+                ) -> tuple[np.ndarray, list["TreeCache"]]:
     """One pass of the model over a tree of T tokens -> (logits [T, V], the TreeCache of each layer).
 
     Row i is the model's next-token logits after the branch that ends at node i; the same numbers a pass over that
@@ -325,7 +336,7 @@ def verify_tree(model, caches, tokens, parents):
     return _model.forward(cfg, w, tokens, views), views
 
 
-def walk(logits, tokens, parents):
+def walk(logits: ArrayLike, tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], list[int]]:
     """Greedy acceptance on a tree -> (path, emitted): from root node 0 (the pending token), follow the child whose
     token is the model's argmax after its parent, while there is one. path: the nodes kept (node 0 first);
     emitted: the tokens that come out, the accepted children and then the model's own token after the last.

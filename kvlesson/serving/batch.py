@@ -12,11 +12,13 @@ one call of kvlesson.serving.forward.run. Lesson 13's scheduler (kvlesson.servin
 instead, and mixes prefill chunks with decodes in one pass.
 """
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvlesson import atomic, validate
+from kvlesson.configs import Config
 from kvlesson.sample import GREEDY, Sampling, sample, seeded
 from kvlesson.serving.forward import decode_step, model_pool, prefill_step
 from kvlesson.serving.paged import request_blocks
@@ -33,7 +35,7 @@ class Request:
     tokens: list = field(default_factory=list)  # generated so far
     seq: int | None = None  # its sequence id in the pool, once admitted
 
-    def next_token(self, logits):
+    def next_token(self, logits: np.ndarray) -> int:
         """Append the token `logits` [V] give, by the request's own sampling (kvlesson.sample)."""
         self.tokens.append(sample(logits, self.sampling, position=len(self.tokens), history=self.prompt + self.tokens))
 
@@ -41,7 +43,8 @@ class Request:
 class Batcher:
     """Lesson 09's continuous batching over one paged pool for the whole model (float32 by default)."""
 
-    def __init__(self, cfg, w: dict, *, n_blocks: int, block_size: int = 16, max_batch: int = 64, dtype=np.float32):
+    def __init__(self, cfg: Config, w: dict, *, n_blocks: int, block_size: int = 16, max_batch: int = 64,
+                 dtype: np.dtype = np.float32):
         self.cfg, self.w = cfg, w
         self.max_batch = validate.integer("max_batch", max_batch, minimum=1)
         self.pool = model_pool(cfg, n_blocks, block_size, dtype)
@@ -125,7 +128,8 @@ class Batcher:
             self.results[r.id] = r.tokens
 
 
-def generate_batch(cfg, w, prompts, max_new_tokens, *, max_batch=64, block_size=16, n_blocks=None):
+def generate_batch(cfg: Config, w: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
+                   max_batch: int = 64, block_size: int = 16, n_blocks: int | None = None) -> list[list[int]]:
     """Greedy decoding of many prompts -> one list of new token ids per prompt, as model.generate gives each alone.
 
     max_new_tokens: one count for all, or one per prompt. n_blocks defaults to enough for every prompt at once;

@@ -31,11 +31,14 @@ kvlesson.serving.trace measures an engine (this one, or lesson 09's Batcher) on 
 """
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvlesson import atomic, validate
+from kvlesson.configs import ModelLike
 from kvlesson.sample import GREEDY, Sampling, sample, seeded
 from kvlesson.serving.forward import model_pool, run
+from kvlesson.serving.grammar import Grammar
 from kvlesson.serving.paged import blocks_for, request_blocks
 
 __all__ = ["Engine", "split_budget"]
@@ -44,7 +47,7 @@ PREEMPTION = ("recompute", "swap")
 COUNTS = ("preemptions", "prefix_hit_tokens", "recomputed_tokens", "swap_bytes", "forced_tokens", "aborts")  # totals
 
 
-def split_budget(decodes, prefills, budget):
+def split_budget(decodes: int, prefills: Sequence[int], budget: int) -> list[int]:
     """How one step spends its token budget -> [chunk for each prefill], in order.
 
     decodes: sequences decoding, one token each, paid first (a decode is never skipped); prefills: tokens each
@@ -83,12 +86,12 @@ class Request:
     held: int = 0  # positions it held when last preempted
 
     @property
-    def ids(self):
+    def ids(self) -> list[int]:
         """What its sequence must hold before its next token can come out: the prompt and every token so far."""
         return self.prompt + self.tokens
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return (self.aborted or len(self.tokens) == self.max_new_tokens
                 or bool(self.tokens and self.tokens[-1] in self.stop_ids)
                 or (self.grammar is not None and self.grammar.finished))
@@ -99,7 +102,7 @@ class Engine:
     token budget, preemption by recompute or swap, automatic prefix caching, stop ids, a sampler and a grammar per
     request, aborts. The pool's dtype is the model's (float32 as SmolLM2 loads; a float64 model runs in float64)."""
 
-    def __init__(self, model, n_blocks: int, block_size: int = 16, max_batch_tokens: int = 256,
+    def __init__(self, model: ModelLike, n_blocks: int, block_size: int = 16, max_batch_tokens: int = 256,
                  max_seqs: int | None = None, prefix_caching: bool = True, preemption: str = "recompute",
                  jump_forward: bool = True):
         """max_seqs: how many sequences may run at once; None is 64, or max_batch_tokens when that is smaller, since
@@ -134,7 +137,7 @@ class Engine:
     # ---- the interface
 
     def submit(self, ids: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = (),
-               sampling: Sampling = GREEDY, grammar=None) -> int:
+               sampling: Sampling = GREEDY, grammar: Grammar | None = None) -> int:
         """Queue a prompt -> its request id. It ends after max_new_tokens tokens, at the first token in stop_ids (that
         token included), or when its grammar is complete. sampling: how its tokens are drawn (kvlesson.sample; a
         seed is picked for it when it samples without one); grammar: a kvlesson.serving.grammar.Grammar, fresh, that
@@ -256,7 +259,7 @@ class Engine:
         return {rid: list(r.tokens) for rid, r in self.requests.items()}
 
     @property
-    def stats(self):
+    def stats(self) -> dict:
         """Counts over all steps, per-step lists and per-request latencies (in steps and in seconds)."""
         per = {}
         for rid, r in self.requests.items():
@@ -270,7 +273,7 @@ class Engine:
         return dict(steps=self._steps, **self._counts, **steps, requests=per)
 
     @property
-    def log(self):
+    def log(self) -> list[dict]:
         """One dict per step: tokens, decodes, seqs, decoded and preempted (rids), seconds, and what each of the
         running totals (COUNTS: preemptions, prefix_hit_tokens, recomputed_tokens, swap_bytes, forced_tokens, aborts)
         grew by in it."""

@@ -19,8 +19,13 @@ every position allows a space or a newline, nothing is ever forced, and a small 
 """
 import functools
 import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # a name for the annotation only: the model's own tokenizer
+    from kvlesson.llama import Tokenizer
 
 __all__ = ["Grammar", "JSON_OPTIONS"]
 
@@ -39,7 +44,7 @@ def _library_tokenizer(tokenizer):
 class Grammar:
     """One request's grammar: the tokens allowed next, the tokens forced next, and whether it is complete."""
 
-    def __init__(self, tokenizer, grammar: str, name: str = "grammar"):
+    def __init__(self, tokenizer: "Tokenizer", grammar: str, name: str = "grammar"):
         """tokenizer: the model's (kvlesson.weights.tokenizer.Tokenizer); grammar: llguidance's grammar text (what
         LLMatcher.grammar_from_json_schema, _regex or _lark return). ValueError, naming `name`, when the library
         refuses it."""
@@ -98,7 +103,7 @@ class Grammar:
         """Complete: nothing more may come but the end of the text (which may have come already)."""
         return self.matcher.is_stopped()
 
-    def checkpoint(self):
+    def checkpoint(self) -> Callable[[], None]:
         """-> restore(): puts the grammar back where it is now (a copy of the matcher's state, about a microsecond)."""
         matcher, consumed = self.matcher.deep_copy(), self.consumed
 

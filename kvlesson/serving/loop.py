@@ -20,10 +20,12 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvlesson.sample import GREEDY, Sampling
+from kvlesson.serving.engine import Engine
+from kvlesson.serving.grammar import Grammar
 from kvlesson.serving.stream import TextStream
 
 __all__ = ["EngineLoop", "Ticket"]
@@ -46,14 +48,14 @@ class Ticket:
     times: dict = field(default_factory=dict)  # perf_counter seconds: "queued", "submitted", "first", "end"
 
     @property
-    def ended(self):
+    def ended(self) -> bool:
         return self.finish_reason is not None
 
 
 class EngineLoop:
     """An Engine stepped by one thread of its own; submit and abort from any other."""
 
-    def __init__(self, engine, decode: Callable[[list[int]], str]):
+    def __init__(self, engine: Engine, decode: Callable[[list[int]], str]):
         self.engine, self.decode = engine, decode
         self.inbox = queue.SimpleQueue()  # ("submit" | "abort", ticket) from other threads
         self.lock = threading.Lock()  # held while the loop works on the engine: stats() waits for a step to end
@@ -69,7 +71,8 @@ class EngineLoop:
         self._thread.start()
         return self
 
-    def submit(self, ids, max_new_tokens, *, stop_ids=(), stops=(), sampling=GREEDY, grammar=None,
+    def submit(self, ids: Sequence[int], max_new_tokens: int, *, stop_ids: Sequence[int] = (),
+               stops: Sequence[str] = (), sampling: Sampling = GREEDY, grammar: Grammar | None = None,
                on_event: Callable = lambda kind, **details: None) -> Ticket:
         """Queue a request for the loop -> its ticket. Checked by the engine when the loop takes it: a refusal
         arrives as an ("end", finish_reason="error") event (check it first with engine.check to answer at once)."""

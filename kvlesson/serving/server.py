@@ -26,12 +26,17 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvlesson.serving import openai_api
 from kvlesson.serving.engine import Engine
 from kvlesson.serving.grammar import Grammar
 from kvlesson.serving.loop import EngineLoop
 from kvlesson.serving.openai_api import APIError
+
+if TYPE_CHECKING:  # a name for the annotation only: kvlesson.llama imports kvlesson.serving
+    from kvlesson.llama import Model
 
 __all__ = ["Server", "main", "NAME"]
 
@@ -41,7 +46,8 @@ NAME = "SmolLM2-135M-Instruct"
 class Server:
     """The engine loop and the HTTP server, started and stopped together (a context manager, or start() and stop())."""
 
-    def __init__(self, model, *, host: str = "127.0.0.1", port: int = 8000, name: str = NAME, n_blocks: int = 256,
+    def __init__(self, model: "Model", *, host: str = "127.0.0.1", port: int = 8000, name: str = NAME,
+                 n_blocks: int = 256,
                  block_size: int = 16, max_batch_tokens: int = 256, max_seqs: int | None = None,
                  prefix_caching: bool = True):
         """model: kvlesson.llama.load() (or any Model with a tokenizer and a chat template); port 0 takes a free
@@ -260,7 +266,7 @@ async def _json(send, status, payload):
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kvlesson.serving.server", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="the port to listen on (default: 8000)")
