@@ -318,7 +318,7 @@ class TreeCache(Cache):
 
 
 def verify_tree(model: ModelLike, caches: list, tokens: Sequence[int], parents: Sequence[int]
-                ) -> tuple[np.ndarray, list["TreeCache"]]:
+                ) -> tuple[np.ndarray, list[TreeCache]]:
     """One pass of the model over a tree of T tokens -> (logits [T, V], the TreeCache of each layer).
 
     Row i is the model's next-token logits after the branch that ends at node i; the same numbers a pass over that
