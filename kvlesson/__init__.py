@@ -25,6 +25,7 @@ the core and the leaves (validate, configs, text), never each other upwards; not
     online         attention block by block: the online softmax (FlashAttention), split-KV (flash-decoding)
     layer          step: project only the new tokens, rotate, cache, attend
     model          the Llama-style forward pass (a tiny random model, or SmolLM2's weights)
+    sample         one sampler for every path: greedy, temperature, top-k, top-p, min-p, a seed per request
     llama          SmolLM2-135M: Model (forward, generate, generate_batch) and load()
   the leaves
     validate       argument checks shared by everything
@@ -33,7 +34,9 @@ the core and the leaves (validate, configs, text), never each other upwards; not
     text           the long text that ships with the package
   weights/         fetch (the file, once, verified), gguf_file, tokenizer, layout (x @ W, fused), f32cache
   serving/         paged (PagedKVCache), forward (one pass for any mix of sequences), padding (padded batches),
-                   batch (continuous batching), engine (the scheduler), trace (replaying requests)
+                   batch (continuous batching), engine (the scheduler), trace (replaying requests), and lesson 16's
+                   edge: loop (the engine in a thread), stream (text and stop strings), grammar (constrained
+                   output), openai_api (the request and response bodies), server (the OpenAI-compatible server)
   shrink/          quant (integer codes), sinks (attention sinks), mla (a latent cache), precision (16-bit floats)
   costs/           memory (bytes), flops, roofline, perplexity (the ruler), tolerance (float32 drift)
   parallel/        many processes through MPI: launch, tensor (parallelism by heads), ring (ring attention), disagg

@@ -24,6 +24,7 @@ from kvlesson import model as _model
 from kvlesson import validate
 from kvlesson.cache import Cache, CacheLike, rules
 from kvlesson.configs import Config
+from kvlesson.sample import GREEDY, Sampling
 from kvlesson.serving import batch
 from kvlesson.weights import f32cache, fetch, gguf_file, layout, tokenizer
 from kvlesson.weights.fetch import ModelFileError  # noqa: F401  raised by load(); importable from here
@@ -96,15 +97,20 @@ class Model:
             return np.zeros((0, self.config.vocab), self.dtype)
         return _model.forward(self.config, self.weights, ids, caches)
 
-    def generate(self, ids: Sequence[int], max_new_tokens: int, use_cache: bool = True) -> list[int]:
-        """Greedy decoding -> the max_new_tokens new token ids (the prompt is not repeated).
+    def generate(self, ids: Sequence[int], max_new_tokens: int, use_cache: bool = True,
+                 sampling: Sampling = GREEDY) -> list[int]:
+        """Decoding -> the max_new_tokens new token ids (the prompt is not repeated); greedy unless `sampling` (a
+        kvlesson.sample.Sampling) says otherwise: the same seed gives the same tokens here and in an Engine.
 
         use_cache=False recomputes the whole sequence for every new token, to compare against.
         """
         ids, n = self._check_prompt(ids, max_new_tokens)
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a kvlesson.sample.Sampling; got {type(sampling).__name__}")
         if n == 0:
             return []
-        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, dtype=self.dtype)
+        return _model.generate(self.config, self.weights, ids, n, use_cache=use_cache, dtype=self.dtype,
+                               sampling=sampling)
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
                        max_batch: int = 64, block_size: int = 16) -> list[list[int]]:

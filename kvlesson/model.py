@@ -15,20 +15,23 @@ Weights are a dict keyed by the GGUF tensor names (blk.0.attn_q.weight, ...), ea
 projection is x @ W.
 """
 import dataclasses
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Sequence, Sized
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import atomic, validate
-from kvlesson.cache import KVCache, StaticKVCache, checkpoint
+from kvlesson.cache import Cache, CacheLike, KVCache, StaticKVCache, checkpoint
 from kvlesson.configs import Config
 from kvlesson.layer import attend, project
+from kvlesson.sample import GREEDY, Sampling, sample, seeded
 
 Reduce = Callable[[np.ndarray], np.ndarray]  # [T, D] this process's partial sum -> [T, D] the sum over all of them
+Attend = Callable[..., np.ndarray]  # (q, k, v, cache, rope_base=, interleaved=) -> [T, H*d], as layer.attend
 
 
-def forward(cfg: Config, w: dict, ids, caches: list, *, attend=attend, rows: np.ndarray | None = None,
-            reduce: Reduce | None = None) -> np.ndarray:
+def forward(cfg: Config, w: dict, ids: ArrayLike, caches: list, *, attend: Attend = attend,
+            rows: np.ndarray | None = None, reduce: Reduce | None = None) -> np.ndarray:
     """[T] token ids -> [T, vocab] logits, appending the T new tokens to `caches` (one per layer).
 
     attend(q, k, v, cache, rope_base=, interleaved=) -> [T, H*d] is how attention reads a cache: kvlesson.layer.attend
@@ -44,8 +47,8 @@ def forward(cfg: Config, w: dict, ids, caches: list, *, attend=attend, rows: np.
     return x @ w["output.weight"]  # [T, vocab]; tied models share token_embd, transposed
 
 
-def block(cfg: Config, w: dict, i: int, x: np.ndarray, cache, attend=attend, reduce: Reduce | None = None
-          ) -> np.ndarray:
+def block(cfg: Config, w: dict, i: int, x: np.ndarray, cache: CacheLike, attend: Attend = attend,
+          reduce: Reduce | None = None) -> np.ndarray:
     """[T, D] -> [T, D]: layer i. Attention over the cache, then the feed-forward, each added to the residual."""
     b = f"blk.{i}."
     summed = reduce or (lambda partial: partial)
@@ -70,7 +73,7 @@ def _checked(cfg, ids, caches):
     return validate.token_ids("ids", ids, cfg.vocab)  # a negative id would read the token table from its end
 
 
-def qkv(cfg, w, b, h):
+def qkv(cfg: Config, w: dict, b: str, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[T, D] normed -> q [H, T, d], k and v [Hkv, T, d]: step's projections, or one product when the layer's weights
     are fused ([Wq | Wk | Wv] side by side, kvlesson.weights.layout.fuse)."""
     fused = w.get(b + "attn_qkv.weight")
@@ -81,7 +84,7 @@ def qkv(cfg, w, b, h):
     return heads[:H], heads[H : H + Hkv], heads[H + Hkv :]
 
 
-def swiglu(w, b, h):
+def swiglu(w: dict, b: str, h: np.ndarray) -> np.ndarray:
     """[T, D] normed -> [T, hidden]: silu(h Wgate) * (h Wup), from one product when gate and up are fused."""
     fused = w.get(b + "ffn_gate_up.weight")
     if fused is None:
@@ -91,59 +94,61 @@ def swiglu(w, b, h):
     return silu(gu[:, :hidden]) * gu[:, hidden:]
 
 
-def rms_norm(x, w, eps):
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """[T, D], [D] -> [T, D]: scale each row to unit root-mean-square, then by w."""
     # sum / D is what np.mean computes, bit for bit, without its Python-level wrapper (61 calls per decode step)
     return x / np.sqrt((x * x).sum(axis=-1, keepdims=True) / x.shape[-1] + eps) * w
 
 
-def silu(x):
+def silu(x: np.ndarray) -> np.ndarray:
     return x / (1 + np.exp(-x))
 
 
-def with_max_len(cfg, max_len):
+def with_max_len(cfg: Config, max_len: int) -> Config:
     """The same config with another context length (how many positions a StaticKVCache preallocates)."""
     return dataclasses.replace(cfg, max_len=max_len)
 
 
-def new_cache(cfg, dtype=np.float32, static=True):
+def new_cache(cfg: Config, dtype: np.dtype = np.float32, static: bool = True) -> list[Cache]:
     """One cache per layer. The model's position lives in the caches: len(caches[0])."""
     if static:
         return [StaticKVCache(cfg.Hkv, cfg.d, cfg.max_len, dtype) for _ in range(cfg.n_layers)]
     return [KVCache(cfg.Hkv, cfg.d, dtype) for _ in range(cfg.n_layers)]
 
 
-def generate(cfg: Config, w: dict, ids, max_new_tokens: int, use_cache: bool = True, dtype=np.float32) -> list[int]:
-    """Greedy decoding. Returns the new token ids only.
+def generate(cfg: Config, w: dict, ids: Sequence[int], max_new_tokens: int, use_cache: bool = True,
+             dtype: np.dtype = np.float32,
+             sampling: Sampling = GREEDY) -> list[int]:
+    """Decoding, greedy unless `sampling` says otherwise (kvlesson.sample). Returns the new token ids only.
 
     With the cache, the prompt is prefilled once and each step feeds one token, on caches sized to what the request
     can reach: caches for the model's whole context would make every call allocate, and fault in, far more memory
     than it uses (lesson 14's clock once measured that instead of speculation). Without it, each step re-runs the
-    whole sequence through fresh caches (recompute).
+    whole sequence through fresh caches (recompute). A sampling without a seed gets a fresh one (sample.seeded).
     """
     ids = [int(i) for i in ids]
+    sampling = seeded(sampling)
     out = []
     caches = new_cache(with_max_len(cfg, len(ids) + max_new_tokens), dtype)
     logits = forward(cfg, w, ids, caches)  # prefill
     for _ in range(max_new_tokens):
-        nxt = int(np.argmax(logits[-1]))
-        out.append(nxt)
+        out.append(sample(logits[-1], sampling, position=len(out), history=ids + out))
         if len(out) == max_new_tokens:
             break
         if use_cache:
-            logits = forward(cfg, w, [nxt], caches)
+            logits = forward(cfg, w, [out[-1]], caches)
         else:
             logits = forward(cfg, w, ids + out, new_cache(with_max_len(cfg, len(ids) + len(out)), dtype))
     return out
 
 
-def tiny_config(**overrides):
+def tiny_config(**overrides) -> Config:
     """A small model for the lessons: same architecture, a few layers, a toy vocabulary."""
     base = dict(name="tiny", D=64, n_layers=4, H=4, Hkv=2, d=16, hidden=172, vocab=256, max_len=1024)
     return Config(**{**base, **overrides})
 
 
-def random_weights(cfg, seed=0, dtype=np.float32):
+def random_weights(cfg: Config, seed: int = 0, dtype: np.dtype = np.float32) -> dict[str, np.ndarray]:
     """Seeded random weights under the GGUF names, scaled so activations stay near unit size."""
     rng = np.random.default_rng(seed)
 

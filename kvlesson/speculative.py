@@ -18,19 +18,30 @@ At temperature 0 every distribution is one-hot (the target's argmax, the draft's
 draft exactly when it is the argmax, so the tokens equal greedy `Model.generate`'s. At a temperature above 0 the
 emitted tokens follow the target's own distribution, whatever the drafter proposes.
 
+Which distribution: the one plain decoding would draw from, after every rule of the request's sampling (top-k,
+top-p, min-p, the repetition penalty; kvlesson.sample.probabilities). The rule hands out exactly the p it is given,
+so p must be that processed distribution, or the tokens follow the raw softmax instead of what was asked for; and q
+must be exactly what each draft was drawn from, processed or not, or the correction max(0, p - q) is computed
+against the wrong proposal and the output leans towards it (tests/test_sample.py shows both failures).
+
 A tree of drafts (several guesses at one position, each with its own continuation) is verified in one pass too:
 `TreeCache` wraps a layer's cache so that node i is rotated at position S + depth(i) and sees the S cached keys and
 its own ancestors only (kvlesson.tree_mask), `verify_tree` runs the model over it, `walk` follows the branch the
 model agrees with, and `TreeCache.keep` keeps that branch in the cache and drops the rest.
 """
+from __future__ import annotations
+
 import dataclasses
-import numbers
+from collections.abc import Callable, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvlesson import atomic, validate
 from kvlesson import model as _model
-from kvlesson.cache import Cache, checkpoint, rules
+from kvlesson.cache import Cache, CacheLike, checkpoint, rules
+from kvlesson.configs import Config, ModelLike
+from kvlesson.sample import Sampling, draw, probabilities
 from kvlesson.sdpa import tree_depths, tree_mask
 
 __all__ = ["generate", "accept", "ngram", "EarlyExit", "rollback", "TreeCache", "verify_tree", "walk"]
@@ -40,20 +51,26 @@ __all__ = ["generate", "accept", "ngram", "EarlyExit", "rollback", "TreeCache", 
 # ---- the loop
 
 
-def generate(model, ids, max_new_tokens, draft="ngram", k=4, temperature=0.0, rng=None):
+def generate(model: ModelLike, ids: Sequence[int], max_new_tokens: int,
+             draft: str | EarlyExit | Callable[[list[int], int], Sequence[int]] = "ngram", k: int = 4,
+             temperature: float = 0.0, rng: np.random.Generator | None = None, sampling: Sampling | None = None
+             ) -> tuple[list[int], dict[str, int]]:
     """-> (the max_new_tokens new token ids, stats): speculative decoding of `model` (a kvlesson.llama.Model).
 
     draft: "ngram" (prompt lookup, `ngram`), "early_exit" (`EarlyExit()`, the first half of the layers), an
     `EarlyExit`, or a callable draft(context_ids, k) -> a list of up to k token ids. k: drafts per round (0 is plain
     decoding). temperature 0 is greedy, and the tokens equal model.generate(ids, max_new_tokens); above 0 the tokens are
     sampled from softmax(logits / temperature) with `rng` (a numpy Generator; None: a fresh unseeded one).
+    sampling: a kvlesson.sample.Sampling instead of temperature, whose every rule (top-k, top-p, min-p, repetition
+    penalty) shapes the target's distribution and the early-exit drafter's alike; its seed seeds rng when rng is None.
 
     stats: drafted (draft tokens proposed), accepted (of those, kept), target_passes (passes of the whole model
     after the prompt's prefill, one per round), draft_passes (forward passes the drafter made, 0 for prompt lookup).
     Each round emits its accepted drafts and one token of the model's, so (accepted + target_passes) / target_passes
     tokens come out of each pass of the model.
     """
-    cfg, w, ids, n, k, temperature, rng, propose = _checked(model, ids, max_new_tokens, draft, k, temperature, rng)
+    cfg, w, ids, n, k, params, rng, propose = _checked(model, ids, max_new_tokens, draft, k, temperature, rng,
+                                                       sampling)
     stats = dict(drafted=0, accepted=0, target_passes=0, draft_passes=0)
     if n == 0:
         return [], stats
@@ -61,16 +78,18 @@ def generate(model, ids, max_new_tokens, draft="ngram", k=4, temperature=0.0, rn
     with atomic.undo_on_error(lambda: setattr(rng.bit_generator, "state", state)):
         caches = _model.new_cache(_model.with_max_len(cfg, len(ids) + n), w["output.weight"].dtype)
         logits = _model.forward(cfg, w, ids, caches)  # prefill: [len(ids), vocab]
-        out = [_sample(_distribution(logits[-1], temperature), rng)]  # the pending token: emitted, not yet cached
+        out = [_sample(probabilities(logits[-1], params, history=ids), rng)]  # the pending token: not yet cached
         while len(out) < n:
             room = n - len(out) - 1  # a round emits up to room + 1 tokens
-            drafts, q = propose(cfg, w, caches, ids + out, min(k, room), temperature, rng)
+            drafts, q = propose(cfg, w, caches, ids + out, min(k, room), params, rng)
             stats["drafted"] += len(drafts)
             stats["draft_passes"] += 0 if q is None else len(drafts)
             S = len(caches[0])
             logits = _model.forward(cfg, w, [out[-1], *drafts], caches)  # verify: ONE pass over T = len(drafts) + 1
             stats["target_passes"] += 1
-            p = np.stack([_distribution(row, temperature) for row in logits])  # [T, vocab]
+            # row i follows the pending token and drafts 1 .. i: its penalty counts those too
+            p = np.stack([probabilities(row, params, history=ids + out + drafts[:i])
+                          for i, row in enumerate(logits)])  # [T, vocab]
             q = _one_hot(drafts, p.shape[1]) if q is None else q  # a drafter naming tokens proposes them surely
             emitted = accept(p, q, drafts, rng)
             stats["accepted"] += len(emitted) - 1
@@ -104,7 +123,8 @@ def rollback(caches: list, n: int) -> None:
 # ---- the rule
 
 
-def accept(p_target, q_draft, draft_tokens, rng):
+def accept(p_target: ArrayLike, q_draft: ArrayLike, draft_tokens: Sequence[int], rng: np.random.Generator
+           ) -> list[int]:
     """-> the emitted ids: the accepted drafts, then one token of the target's. Preserves the target distribution.
 
     p_target [k + 1, V]: the target's next-token probabilities after each of the k + 1 verified tokens; q_draft
@@ -128,21 +148,7 @@ def accept(p_target, q_draft, draft_tokens, rng):
 
 def _sample(weights, rng):
     """-> one index drawn in proportion to the non-negative `weights` [V] (summing to anything above 0)."""
-    c = np.cumsum(weights, dtype=np.float64)  # [V]
-    i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))  # the first index whose cumsum exceeds u * total
-    return min(i, int(np.flatnonzero(weights)[-1]))  # u * total can round up to the total itself
-
-
-def _distribution(logits, temperature):
-    """[V] logits -> [V] float64 probabilities: softmax(logits / temperature), or one-hot at the argmax for 0."""
-    if temperature == 0:
-        return _one_hot([int(np.argmax(logits))], logits.shape[0])[0]
-    if np.isnan(logits).any() or np.isposinf(logits).any():  # -inf is a token the model rules out; these are not
-        raise ValueError(f"the model's logits hold {'NaN' if np.isnan(logits).any() else '+inf'}: nothing to sample "
-                         f"from at temperature={temperature} (a weight or an activation is not finite)")
-    z = logits.astype(np.float64) / temperature
-    e = np.exp(z - z.max())
-    return e / e.sum()
+    return draw(weights, rng.random())
 
 
 def _one_hot(tokens, V):
@@ -154,7 +160,7 @@ def _one_hot(tokens, V):
 # ---- the drafters
 
 
-def ngram(context, k, n=3):
+def ngram(context: Sequence[int], k: int, n: int = 3) -> list[int]:
     """Prompt lookup: the k tokens that followed the latest earlier occurrence of the context's last m tokens,
     trying m = n, n - 1, .., 1 (a longer match is a better bet); [] when even the last token never occurred before.
 
@@ -182,20 +188,25 @@ class EarlyExit:
 
     layers: int | None = None  # None: the first half, n_layers // 2
 
-    def depth(self, cfg):
+    def depth(self, cfg: Config) -> int:
         """-> how many layers the drafter runs on a model of this config."""
         L = cfg.n_layers // 2 if self.layers is None else self.layers
         if not 1 <= L < cfg.n_layers:
             raise ValueError(f"EarlyExit(layers={self.layers}) needs 1 <= layers < the model's {cfg.n_layers}")
         return L
 
-    def propose(self, cfg, w, caches, pending, k, temperature, rng):
-        """-> (k drafts after `pending`, their distributions [k, V]), the caches as they were."""
+    def propose(self, cfg: Config, w: dict, caches: list, pending: int, k: int, params: Sampling | float,
+                rng: np.random.Generator, history: Sequence[int] = ()) -> tuple[list[int], np.ndarray]:
+        """-> (k drafts after `pending`, the distributions they were drawn from [k, V]), the caches as they were.
+        params: a kvlesson.sample.Sampling (or a temperature), which processes the drafter's rows as the target's;
+        history: the text so far, pending included, for its repetition penalty."""
+        params = params if isinstance(params, Sampling) else Sampling(temperature=params)
         L = self.depth(cfg)
         sub, mine = dataclasses.replace(cfg, n_layers=L), caches[:L]
         S, token, drafts, q = len(mine[0]), pending, [], []
         for _ in range(k):
-            dist = _distribution(_model.forward(sub, w, [token], mine)[-1], temperature)  # [V]
+            row = _model.forward(sub, w, [token], mine)[-1]  # [V]
+            dist = probabilities(row, params, history=[*history, *drafts])  # [V]
             token = _sample(dist, rng)
             drafts.append(token)
             q.append(dist)
@@ -204,14 +215,14 @@ class EarlyExit:
 
 
 def _drafter(draft):
-    """draft -> propose(cfg, w, caches, context, k, temperature, rng) -> (drafts, q [k, V] or None for one-hot)."""
+    """draft -> propose(cfg, w, caches, context, k, params, rng) -> (drafts, q [k, V] or None for one-hot)."""
     if isinstance(draft, str) and draft == "early_exit":
         draft = EarlyExit()
     if isinstance(draft, EarlyExit):
         if draft.layers is not None:
             validate.integer("draft.layers", draft.layers, minimum=1)
-        return lambda cfg, w, caches, context, k, temperature, rng: draft.propose(
-            cfg, w, caches, context[-1], k, temperature, rng)
+        return lambda cfg, w, caches, context, k, params, rng: draft.propose(
+            cfg, w, caches, context[-1], k, params, rng, history=context)
     if isinstance(draft, str) and draft == "ngram":
         draft = ngram
     if isinstance(draft, str):
@@ -220,7 +231,7 @@ def _drafter(draft):
         raise TypeError(f"draft must be 'ngram', 'early_exit', an EarlyExit or a callable draft(context_ids, k); "
                         f"got {type(draft).__name__}")
 
-    def propose(cfg, w, caches, context, k, temperature, rng):
+    def propose(cfg, w, caches, context, k, params, rng):
         return _checked_drafts(draft(list(context), k) if k else [], k, cfg.vocab), None
 
     return propose
@@ -241,7 +252,7 @@ class TreeCache(Cache):
     them once more).
     """
 
-    def __init__(self, cache, parents):
+    def __init__(self, cache: CacheLike, parents: Sequence[int]):
         window, capacity, dtype = rules(cache)
         if window is not None or (isinstance(cache, Cache) and cache.mask(1) is not None):
             raise ValueError(f"a tree of drafts needs a cache whose queries see every cached key; "
@@ -255,16 +266,16 @@ class TreeCache(Cache):
     def __len__(self):
         return len(self.inner)
 
-    def positions(self, T):
+    def positions(self, T: int) -> np.ndarray:
         """-> int [T]: node i at S + depth(i), where it sits in every text it belongs to."""
         self._check_nodes(T)
         return len(self.inner) + self.depths
 
-    def mask(self, T):
+    def mask(self, T: int) -> np.ndarray:
         """-> bool [T, S + T]: every cached key, then the node itself and its ancestors."""
         return tree_mask(self.parents, len(self) - T)
 
-    def append(self, k_new, v_new):
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(self.inner) != self.S or self._new is not None:
             raise ValueError("a TreeCache takes its tree once, onto the cache as it was wrapped")
         self._check_nodes(k_new.shape[1])
@@ -272,7 +283,7 @@ class TreeCache(Cache):
         self._new = (np.array(k_new), np.array(v_new))  # [Hkv, T, d] each, rotated where the nodes sit
         return K, V
 
-    def keep(self, path):
+    def keep(self, path: Sequence[int]) -> None:
         """Keep the nodes of `path` (root first, each the parent of the next) after the S cached positions."""
         if isinstance(path, (str, bytes)) or not hasattr(path, "__len__"):
             raise TypeError(f"path must be a list of node indices, root first; got {type(path).__name__}")
@@ -289,7 +300,7 @@ class TreeCache(Cache):
         self.inner.truncate(self.S)
         self.inner.append(k[:, path], v[:, path])  # node at depth j to position S + j, rotated there already
 
-    def checkpoint(self):
+    def checkpoint(self) -> Callable[[], None]:
         inner, new = checkpoint(self.inner), self._new
 
         def restore():
@@ -302,11 +313,12 @@ class TreeCache(Cache):
             raise ValueError(f"this TreeCache was made for {len(self.parents)} nodes; got T={T} new tokens")
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.inner.nbytes
 
 
-def verify_tree(model, caches, tokens, parents):
+def verify_tree(model: ModelLike, caches: list, tokens: Sequence[int], parents: Sequence[int]
+                ) -> tuple[np.ndarray, list[TreeCache]]:
     """One pass of the model over a tree of T tokens -> (logits [T, V], the TreeCache of each layer).
 
     Row i is the model's next-token logits after the branch that ends at node i; the same numbers a pass over that
@@ -324,7 +336,7 @@ def verify_tree(model, caches, tokens, parents):
     return _model.forward(cfg, w, tokens, views), views
 
 
-def walk(logits, tokens, parents):
+def walk(logits: ArrayLike, tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], list[int]]:
     """Greedy acceptance on a tree -> (path, emitted): from root node 0 (the pending token), follow the child whose
     token is the model's argmax after its parent, while there is one. path: the nodes kept (node 0 first);
     emitted: the tokens that come out, the accepted children and then the model's own token after the last.
@@ -364,21 +376,24 @@ def _model_parts(model):
     return cfg, w
 
 
-def _checked(model, ids, max_new_tokens, draft, k, temperature, rng):
+def _checked(model, ids, max_new_tokens, draft, k, temperature, rng, sampling):
     cfg, w = _model_parts(model)
     ids, n = validate.request(ids, max_new_tokens, cfg.vocab, cfg.max_len)
     k = validate.integer("k", k)
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
-        raise TypeError(f"temperature must be a real number; got temperature={temperature!r}")
-    temperature = float(temperature)
-    if not (np.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be finite and at least 0; got temperature={temperature}")
+    if sampling is None:
+        params = Sampling(temperature=temperature)  # checks it: a real number, finite, at least 0
+    elif not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling must be a kvlesson.sample.Sampling or None; got {type(sampling).__name__}")
+    elif temperature != 0.0:
+        raise ValueError(f"give the temperature once: temperature={temperature!r} and sampling={sampling!r}")
+    else:
+        params = sampling
     if rng is None:
-        rng = np.random.default_rng()
+        rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
     elif not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator (np.random.default_rng(seed)) or None; got "
                         f"{type(rng).__name__}")
-    return cfg, w, ids, n, k, temperature, rng, _drafter(draft)
+    return cfg, w, ids, n, k, params, rng, _drafter(draft)
 
 
 def _checked_drafts(drafts, k, vocab):

@@ -17,7 +17,9 @@ from packaging.markers import Marker
 
 PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 PLATFORMS = {  # pip takes one --platform per tag it may accept, so Linux lists the manylinux tags wheels use
-    "Linux x86_64": ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"),
+    # (llguidance, lesson 16's grammar library, ships manylinux_2_31 wheels only: glibc 2.31 or newer, 2020 on)
+    "Linux x86_64": ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
+                     "manylinux2014_x86_64"),
     "macOS arm64": ("macosx_14_0_arm64",),
     "macOS x86_64": ("macosx_13_0_x86_64",),
     "Windows x86_64": ("win_amd64",),

@@ -467,7 +467,40 @@ def pool_state(pool):
 
 def engine_state(eng):
     """An Engine's queues, every request's progress, its counts and its log."""
-    fields = ("tokens", "seq", "first", "last", "hit_tokens", "preemptions", "held")
+    fields = ("tokens", "seq", "first", "last", "hit_tokens", "preemptions", "held", "aborted", "forced", "queued")
     return (repr([[r.id for r in q] for q in (eng.waiting, eng.swapped, eng.running)]),
             repr([[getattr(r, f) for f in fields] + [r.swapped is None] for r in eng.requests.values()]),
             repr(eng._counts), len(eng._log), eng._steps)
+
+
+# ---- a tiny model with a tokenizer and a chat template: the server's protocol tests run on it (test_server)
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer with no merges: one token per byte (256), then <|im_start|> (256) and <|im_end|> (257,
+    the end of text). Built with Hugging Face tokenizers, as SmolLM2's is, so the server's code takes it as it is."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from kvlesson.weights.tokenizer import Tokenizer as KVTokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    hf = Tokenizer(models.BPE(vocab, []))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    return KVTokenizer(hf, eos_id=257)
+
+
+SERVER_TINY = kvmodel.tiny_config(vocab=258, n_layers=2, max_len=512)
+
+
+def tiny_chat_model(seed=0):
+    """The tiny random model in float64 (batched logits equal alone to ~1e-12, so greedy tokens agree exactly), with the
+    byte tokenizer and a ChatML template."""
+    from kvlesson.llama import Model
+
+    return Model(SERVER_TINY, kvmodel.random_weights(SERVER_TINY, seed=seed, dtype=np.float64), byte_tokenizer(),
+                 CHATML)

@@ -5,7 +5,7 @@ from collections import Counter
 import kvlesson.teaching.checks
 
 LESSONS = ["attention", "why_cache", "cache", "mask", "gqa", "rope", "window", "real_model", "many", "precision",
-           "shrink", "drill", "scheduler", "speculative", "parallel"]
+           "shrink", "drill", "scheduler", "speculative", "parallel", "server"]
 
 
 def test_no_checker_name_is_exported_twice():

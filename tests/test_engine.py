@@ -512,3 +512,84 @@ def test_the_engine_benchmark_runs_and_prints_its_table(model, monkeypatch, caps
     out = capsys.readouterr().out
     assert "gave every request the same tokens" in out and out.count("| 4 | (") == 4 and "| (a) lesson 09 |" in out
     sys.modules.pop("bench_engine", None)
+
+
+# ---- aborts (lesson 16): between steps, any request, any state; the pool ends whole
+
+
+@settings(max_examples=60)
+@given(traces(), st.lists(st.tuples(st.integers(0, 12), st.integers(0, 5)), max_size=5))
+def test_any_mix_of_aborts_leaves_the_pool_whole_and_the_rest_equal_alone(c, aborts):
+    """Abort requests at random steps (waiting, prefilling, decoding, preempted, swapped out, done already): every
+    other request still equals generate alone, an aborted one keeps a prefix of it, and every block comes back."""
+    model = tiny_model(c["seed"])
+    eng = Engine(model, c["n_blocks"], c["block_size"], c["budget"], c["max_seqs"], c["prefix_caching"],
+                 c["preemption"])
+    rids = [eng.submit(r["prompt"], r["new"]) for r in c["requests"]]
+    when = {}
+    for step, k in aborts:
+        when.setdefault(step, []).append(rids[k % len(rids)])
+    step = 0
+    while not eng.done or step <= max(when, default=0):
+        for rid in when.get(step, []):
+            was_done = eng.requests[rid].done
+            assert eng.abort(rid) == (not was_done)
+            assert eng.abort(rid) is False  # twice: nothing more to do
+            accounts(eng.pool)
+        eng.step()
+        step += 1
+    aborted = {rid for rid in rids if eng.requests[rid].aborted}
+    for rid, r in zip(rids, c["requests"], strict=True):
+        want = generate_alone(model, r["prompt"], r["new"])
+        got = eng.requests[rid].tokens
+        assert got == want[: len(got)] if rid in aborted else got == want
+    assert eng.pool.refs == [0] * eng.pool.n_blocks and eng.pool.blocks_free == eng.pool.n_blocks
+    assert eng.stats["aborts"] == len(aborted)
+
+
+def test_an_abort_of_an_unknown_rid_is_refused_by_name():
+    eng = Engine(tiny_model(), 8, 4)
+    with pytest.raises(ValueError, match="rid=3 was never submitted"):
+        eng.abort(3)
+    with pytest.raises(TypeError, match="rid must be an integer"):
+        eng.abort("0")
+
+
+def test_an_abort_returns_only_the_blocks_nobody_else_holds():
+    """Two requests share a cached 8-token prefix (two blocks of 4): aborting one frees its own blocks only, and the
+    other still equals generate alone."""
+    model = tiny_model()
+    eng = Engine(model, 16, 4)
+    prefix = [7, 1, 8, 2, 8, 1, 8, 2]
+    a = eng.submit(prefix + [3, 3], 6)
+    eng.step()  # a's prompt is in, its two full prefix blocks published
+    b = eng.submit(prefix + [4], 6)
+    eng.step()
+    held = {r: set(eng.pool.block_table(eng.requests[r].seq)) for r in (a, b)}
+    assert len(held[a] & held[b]) == 2
+    free = eng.pool.blocks_free
+    assert eng.abort(a)
+    assert eng.pool.blocks_free == free + len(held[a] - held[b])
+    assert eng.run()[b] == generate_alone(model, prefix + [4], 6)
+
+
+class LeakyAbort(Engine):
+    """The bug: an abort that forgets the request's blocks (it leaves the queue, its sequence stays in the pool)."""
+
+    def abort(self, rid):
+        r = self.requests[rid]
+        if r.done:
+            return False
+        if r in self.running:
+            self.running.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        r.aborted = True
+        return True
+
+
+def test_an_abort_that_keeps_the_blocks_is_caught():
+    c = dict(requests=[dict(prompt=[1, 2, 3, 4, 5], new=6), dict(prompt=[6, 7], new=6)], block_size=2, n_blocks=9,
+             budget=8, max_seqs=2, preemption="recompute", prefix_caching=True, seed=0)
+    with mock.patch.object(sys.modules[__name__], "Engine", LeakyAbort), pytest.raises(AssertionError):
+        test_any_mix_of_aborts_leaves_the_pool_whole_and_the_rest_equal_alone.hypothesis.inner_test(c, [(2, 0)])

@@ -12,6 +12,7 @@ the cell, and every output must still equal generate alone, every interrupted ca
 was, and every pool must end whole.
 """
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -20,17 +21,21 @@ from hypothesis import strategies as st
 
 from kvlesson import KVCache, QuantizedKVCache, SinkKVCache, StaticKVCache, WindowKVCache, speculative, step
 from kvlesson import model as kvmodel
-from kvlesson.serving import batch
+from kvlesson.sample import Sampling
+from kvlesson.serving import Engine, batch
 from kvlesson.serving.forward import model_pool
+from kvlesson.serving.grammar import Grammar
 from kvlesson.shrink.evict import H2OKVCache
 from tests.helpers import (
     ENGINE_TINY,
     Interrupts,
     accounts,
     check_trace,
+    engine_state,
     generate_alone,
     pool_state,
     survive,
+    tiny_chat_model,
     tiny_model,
     traces,
 )
@@ -69,6 +74,88 @@ def test_an_engine_interrupted_at_each_place_in_turn_gives_every_token_of_genera
 def test_an_engine_interrupted_at_random_places_gives_every_token_of_generate_alone(c, at):
     with Interrupts(at, armed=False) as interrupts:
         check_trace(c, interrupts=interrupts)
+
+
+# ---- sampled requests, grammars' state and aborts (lesson 16)
+
+SAMPLED = [Sampling(temperature=0.9, top_p=0.8, seed=5), Sampling(temperature=1.2, top_k=30, seed=6),
+           Sampling(temperature=0.7, repetition_penalty=1.3, seed=7)]
+
+
+def test_sampled_requests_interrupted_at_each_place_in_turn_draw_the_same_tokens():
+    """A step undone and run again draws the same numbers: the draw is a function of (seed, position)."""
+    model = tiny_model(seed=1)
+    prompts = [[5, 6, 7, 8, 9, 43], [11, 33, 11, 137], [5, 6, 7, 155]]
+    want = [kvmodel.generate(model.config, model.weights, p, 5, dtype=np.float64, sampling=s)
+            for p, s in zip(prompts, SAMPLED, strict=True)]
+
+    def run(interrupts):
+        eng = Engine(model, 7, 2, max_batch_tokens=6, max_seqs=3)
+        rids = [eng.submit(p, 5, sampling=s) for p, s in zip(prompts, SAMPLED, strict=True)]
+        while not eng.done:
+            survive(eng.step, lambda: engine_state(eng), eng.pool, interrupts)
+        assert [eng.requests[r].tokens for r in rids] == want
+        assert eng.stats["preemptions"] > 0
+        accounts(eng.pool)
+
+    n = places(run, armed=False)
+    for k in range(1, n + 1):
+        with Interrupts([k], armed=False) as interrupts:
+            run(interrupts)
+        assert interrupts.fired == 1
+
+
+def test_an_abort_cut_short_leaves_everything_as_it_was():
+    model = tiny_model()
+    fired = 0
+    for preemption in ("recompute", "swap"):
+        for at_step in range(5):
+            eng = Engine(model, 7, 2, max_batch_tokens=6, max_seqs=3, preemption=preemption)
+            rids = [eng.submit(p, 5) for p in ([5, 6, 7, 8, 9], [11, 33, 11], [5, 6, 7])]
+            for _ in range(at_step):
+                eng.step()
+            for rid in rids:
+                before = engine_state(eng), pool_state(eng.pool)
+                with Interrupts([1]):
+                    try:
+                        eng.abort(rid)  # a running one's pool.free raises once it has freed
+                    except KeyboardInterrupt:
+                        fired += 1
+                        assert (engine_state(eng), pool_state(eng.pool)) == before
+                        assert eng.abort(rid)
+                accounts(eng.pool)
+            eng.run()
+            assert eng.pool.blocks_free == eng.pool.n_blocks
+    assert fired >= 10  # running requests were cut short in both modes
+
+
+def test_grammar_requests_interrupted_at_each_place_in_turn_keep_their_grammar_in_step():
+    """A step undone puts each grammar back too (Grammar.checkpoint): the output still matches, token for token."""
+    model = tiny_chat_model(seed=1)
+    tok = model.tokenizer
+    pattern = r"[a-c]{2}-(yes|no)-[0-9]"
+    prompts = [tok.encode("one"), tok.encode("second one")]
+
+    def run(interrupts):
+        eng = Engine(model, 12, 2, max_batch_tokens=6, max_seqs=2)
+        rids = [eng.submit(p, 12, stop_ids=(tok.eos_id,), sampling=Sampling(temperature=1.0, seed=i),
+                           grammar=Grammar.regex(tok, pattern)) for i, p in enumerate(prompts)]
+        while not eng.done:
+            if interrupts is None:
+                eng.step()
+            else:
+                survive(eng.step, lambda: engine_state(eng) + tuple(
+                    eng.requests[r].grammar.consumed for r in rids), eng.pool, interrupts)
+        return [eng.requests[r].tokens for r in rids]
+
+    want = run(None)
+    assert all(re.fullmatch(pattern, tok.decode([t for t in w if t != tok.eos_id])) for w in want)
+    n = places(run, armed=False)
+    assert n > 20
+    for k in range(1, n + 1, 2):
+        with Interrupts([k], armed=False) as interrupts:
+            assert run(interrupts) == want
+        assert interrupts.fired == 1
 
 
 # ---- lesson 09's Batcher

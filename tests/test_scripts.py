@@ -97,3 +97,14 @@ def test_the_paged_attention_variants_agree_and_print_their_budget(scripts_on_pa
     assert "leaves" in out and out.count("x the budget") == 3
     with pytest.raises(ValueError, match="two sequences"):
         pav.InPlace(np.array([[0, 1], [1, 2]]), np.array([20, 20]), 16)
+
+
+@pytest.mark.slow
+def test_the_server_benchmark_runs_and_prints_its_table(scripts_on_path, capsys, model):
+    """`python scripts/bench_server.py` in its smallest form: one round, two clients, two tokens each."""
+    import bench_server
+
+    bench_server.main(["--rounds", "1", "--clients", "2", "--tokens", "2", "--rate", "20"])
+    out = capsys.readouterr().out
+    assert "| chat turn 2 TTFT, client, caching on (ms) |" in out and "| grammar mask per step, median (us) |" in out
+    assert "jump-forward:" in out and "saved" in out

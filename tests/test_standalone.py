@@ -40,10 +40,18 @@ def pins(name):
 
 
 def declared():
-    """{canonical name: Requirement} of what the package asks for: its dependencies and its `lessons` extra."""
+    """{canonical name: Requirement} of what the package asks for: its dependencies and its `lessons` extra, with
+    the extras that one names of the package itself (kvlesson[serve]) spelled out."""
     project = PYPROJECT["project"]
-    lines = project["dependencies"] + project["optional-dependencies"]["lessons"]
-    return {canonicalize_name(r.name): r for r in map(Requirement, lines)}
+    extras = project["optional-dependencies"]
+    wanted, todo = {}, project["dependencies"] + extras["lessons"]
+    while todo:
+        r = Requirement(todo.pop())
+        if canonicalize_name(r.name) == canonicalize_name(project["name"]):
+            todo += [line for extra in r.extras for line in extras[extra]]
+        else:
+            wanted[canonicalize_name(r.name)] = r
+    return wanted
 
 
 def test_the_lessons_extra_and_requirements_txt_name_the_same_packages():

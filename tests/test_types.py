@@ -8,7 +8,9 @@ import pytest
 
 TYPED = ["kvlesson.atomic", "kvlesson.cache", "kvlesson.sdpa", "kvlesson.layer", "kvlesson.model", "kvlesson.llama",
          "kvlesson.online", "kvlesson.rope", "kvlesson.speculative", "kvlesson.serving.paged",
-         "kvlesson.serving.forward", "kvlesson.serving.batch", "kvlesson.serving.engine", "kvlesson.serving.trace"]
+         "kvlesson.serving.forward", "kvlesson.serving.batch", "kvlesson.serving.engine", "kvlesson.serving.trace",
+         "kvlesson.sample", "kvlesson.serving.grammar", "kvlesson.serving.stream", "kvlesson.serving.loop",
+         "kvlesson.serving.openai_api", "kvlesson.serving.server"]
 
 
 def public(module):

@@ -1,7 +1,7 @@
 """Lesson 09's continuous batching: requests join and leave a running batch, on one paged pool for the whole model.
 
-    engine = Batcher(cfg, w, n_blocks=64)        # greedy, float32 by default
-    rid = engine.submit(ids, 32)
+    engine = Batcher(cfg, w, n_blocks=64)        # float32 by default
+    rid = engine.submit(ids, 32)                 # greedy unless sampling= says otherwise (kvlesson.sample)
     while not engine.done:
         engine.step()                            # admit and prefill what fits, then decode every running sequence
     engine.results[rid]                          # its 32 new token ids
@@ -12,11 +12,14 @@ one call of kvlesson.serving.forward.run. Lesson 13's scheduler (kvlesson.servin
 instead, and mixes prefill chunks with decodes in one pass.
 """
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvlesson import atomic, validate
+from kvlesson.configs import Config
+from kvlesson.sample import GREEDY, Sampling, sample, seeded
 from kvlesson.serving.forward import decode_step, model_pool, prefill_step
 from kvlesson.serving.paged import request_blocks
 
@@ -28,14 +31,20 @@ class Request:
     id: int
     prompt: list
     max_new_tokens: int
+    sampling: Sampling = GREEDY
     tokens: list = field(default_factory=list)  # generated so far
     seq: int | None = None  # its sequence id in the pool, once admitted
 
+    def next_token(self, logits: np.ndarray) -> int:
+        """Append the token `logits` [V] give, by the request's own sampling (kvlesson.sample)."""
+        self.tokens.append(sample(logits, self.sampling, position=len(self.tokens), history=self.prompt + self.tokens))
+
 
 class Batcher:
-    """Lesson 09's continuous batching over one paged pool for the whole model (greedy, float32 by default)."""
+    """Lesson 09's continuous batching over one paged pool for the whole model (float32 by default)."""
 
-    def __init__(self, cfg, w: dict, *, n_blocks: int, block_size: int = 16, max_batch: int = 64, dtype=np.float32):
+    def __init__(self, cfg: Config, w: dict, *, n_blocks: int, block_size: int = 16, max_batch: int = 64,
+                 dtype: np.dtype = np.float32):
         self.cfg, self.w = cfg, w
         self.max_batch = validate.integer("max_batch", max_batch, minimum=1)
         self.pool = model_pool(cfg, n_blocks, block_size, dtype)
@@ -46,10 +55,12 @@ class Batcher:
         """Blocks a request holds at its longest (kvlesson.serving.paged.request_blocks)."""
         return request_blocks(prompt_len, max_new_tokens, self.pool.block_size)
 
-    def submit(self, ids: list[int], max_new_tokens: int) -> int:
+    def submit(self, ids: list[int], max_new_tokens: int, sampling: Sampling = GREEDY) -> int:
         """Queue a prompt (a list of token ids) -> its request id. Its tokens appear in results once it is done."""
         ids, n = self.check(ids, max_new_tokens)  # before anything is queued
-        r = Request(self._next_id, ids, n)
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a kvlesson.sample.Sampling; got {type(sampling).__name__}")
+        r = Request(self._next_id, ids, n, seeded(sampling))
         self._next_id += 1
         if n == 0:
             self.results[r.id] = []
@@ -83,14 +94,14 @@ class Batcher:
         if admitted:  # all new prompts in one prefill: one product per weight for all their tokens
             logits = prefill_step(self.cfg, self.w, self.pool, [r.seq for r in admitted], [r.prompt for r in admitted])
             for r, row in zip(admitted, logits, strict=True):
-                r.tokens.append(int(np.argmax(row)))
+                r.next_token(row)
         new = [(r.id, r.tokens[-1]) for r in admitted]
         self._retire()
         if self.running:
             logits = decode_step(self.cfg, self.w, self.pool, [r.seq for r in self.running],
                                  [r.tokens[-1] for r in self.running])
             for r, row in zip(self.running, logits, strict=True):
-                r.tokens.append(int(np.argmax(row)))
+                r.next_token(row)
                 new.append((r.id, r.tokens[-1]))
             self._retire()
         return new
@@ -117,7 +128,8 @@ class Batcher:
             self.results[r.id] = r.tokens
 
 
-def generate_batch(cfg, w, prompts, max_new_tokens, *, max_batch=64, block_size=16, n_blocks=None):
+def generate_batch(cfg: Config, w: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
+                   max_batch: int = 64, block_size: int = 16, n_blocks: int | None = None) -> list[list[int]]:
     """Greedy decoding of many prompts -> one list of new token ids per prompt, as model.generate gives each alone.
 
     max_new_tokens: one count for all, or one per prompt. n_blocks defaults to enough for every prompt at once;

@@ -1,8 +1,9 @@
 """The scheduler of a serving engine: what runs in each step, on one paged pool, in one forward pass (lesson 13).
 
     eng = Engine(model, n_blocks=64)             # model: kvlesson.llama.load(), or anything with .config and .weights
-    rid = eng.submit(ids, 32, stop_ids=(2,))     # between steps, at any time
+    rid = eng.submit(ids, 32, stop_ids=(2,))     # between steps, at any time; greedy unless sampling= says
     eng.step()                                   # one forward pass -> [(rid, token), ...] emitted in it
+    eng.abort(rid)                               # between steps: its blocks go back (or stay cached)
     outputs = eng.run()                          # step until every request is done -> {rid: [new token ids]}
 
 A step spends a budget of max_batch_tokens tokens (Sarathi-Serve's stall-free batching, arXiv 2403.02310):
@@ -18,6 +19,11 @@ With prefix caching (vLLM's automatic prefix caching), a full block is known by 
 its end (kvlesson.serving.paged.block_hash); a new request starts on every cached block of its longest cached prefix,
 and the blocks of finished sequences stay cached until a free block is wanted.
 
+Each request brings its own sampling (kvlesson.sample: temperature, top-k, top-p, min-p, a seed, a repetition
+penalty), and may bring a grammar (kvlesson.serving.grammar, lesson 16): the tokens it allows next mask the logits
+before the draw, and when it allows exactly one continuation for several tokens (forced tokens), they are emitted at
+once and go into the next step as one chunk, like a prefill (jump-forward), instead of one decode step each.
+
 Every step is one call of kvlesson.serving.forward.run: decodes and prefill chunks side by side in one [N, D] matrix.
 A step happens whole or not at all: cut short (Ctrl-C in a notebook, an error), it leaves the queues, every request
 and the pool as they were, so that positions are never counted as written that no forward pass computed.
@@ -25,21 +31,23 @@ kvlesson.serving.trace measures an engine (this one, or lesson 09's Batcher) on 
 """
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from kvlesson import atomic, validate
+from kvlesson.configs import ModelLike
+from kvlesson.sample import GREEDY, Sampling, sample, seeded
 from kvlesson.serving.forward import model_pool, run
+from kvlesson.serving.grammar import Grammar
 from kvlesson.serving.paged import blocks_for, request_blocks
 
 __all__ = ["Engine", "split_budget"]
 
 PREEMPTION = ("recompute", "swap")
-COUNTS = ("preemptions", "prefix_hit_tokens", "recomputed_tokens", "swap_bytes")  # the running totals in stats
+COUNTS = ("preemptions", "prefix_hit_tokens", "recomputed_tokens", "swap_bytes", "forced_tokens", "aborts")  # totals
 
 
-def split_budget(decodes, prefills, budget):
+def split_budget(decodes: int, prefills: Sequence[int], budget: int) -> list[int]:
     """How one step spends its token budget -> [chunk for each prefill], in order.
 
     decodes: sequences decoding, one token each, paid first (a decode is never skipped); prefills: tokens each
@@ -63,7 +71,12 @@ class Request:
     max_new_tokens: int
     stop_ids: frozenset
     submitted: tuple  # (step, seconds) when it was submitted
+    sampling: Sampling = GREEDY  # with a seed, whenever it samples (sample.seeded)
+    grammar: object = None  # a kvlesson.serving.grammar.Grammar, or None: what the output must match
     tokens: list = field(default_factory=list)  # generated so far: streamed as they come, never taken back
+    queued: deque = field(default_factory=deque)  # forced tokens still to emit one a step (jump_forward=False)
+    forced: int = 0  # tokens a grammar forced (emitted without a draw)
+    aborted: bool = False
     seq: int | None = None  # its sequence in the pool, while it holds blocks there
     swapped: object = None  # its blocks, while swapped out (a paged.SwappedSequence)
     first: tuple | None = None  # (step, seconds) when its first token came out
@@ -73,24 +86,29 @@ class Request:
     held: int = 0  # positions it held when last preempted
 
     @property
-    def ids(self):
+    def ids(self) -> list[int]:
         """What its sequence must hold before its next token can come out: the prompt and every token so far."""
         return self.prompt + self.tokens
 
     @property
-    def done(self):
-        return len(self.tokens) == self.max_new_tokens or bool(self.tokens and self.tokens[-1] in self.stop_ids)
+    def done(self) -> bool:
+        return (self.aborted or len(self.tokens) == self.max_new_tokens
+                or bool(self.tokens and self.tokens[-1] in self.stop_ids)
+                or (self.grammar is not None and self.grammar.finished))
 
 
 class Engine:
     """Continuous batching with a scheduler: admission on current need, chunked prefill mixed with decode under a
-    token budget, preemption by recompute or swap, automatic prefix caching, stop ids. Greedy; the pool's dtype is
-    the model's (float32 as SmolLM2 loads; a float64 model runs in float64)."""
+    token budget, preemption by recompute or swap, automatic prefix caching, stop ids, a sampler and a grammar per
+    request, aborts. The pool's dtype is the model's (float32 as SmolLM2 loads; a float64 model runs in float64)."""
 
-    def __init__(self, model, n_blocks: int, block_size: int = 16, max_batch_tokens: int = 256,
-                 max_seqs: int | None = None, prefix_caching: bool = True, preemption: str = "recompute"):
+    def __init__(self, model: ModelLike, n_blocks: int, block_size: int = 16, max_batch_tokens: int = 256,
+                 max_seqs: int | None = None, prefix_caching: bool = True, preemption: str = "recompute",
+                 jump_forward: bool = True):
         """max_seqs: how many sequences may run at once; None is 64, or max_batch_tokens when that is smaller, since
-        every running sequence may be decoding and each decode takes one token of every step's budget."""
+        every running sequence may be decoding and each decode takes one token of every step's budget.
+        jump_forward: tokens a grammar forces go into the next step as one chunk (True), or one a step (False: the
+        same tokens, a step each, to compare against)."""
         try:
             self.cfg, self.w = model.config, model.weights
         except AttributeError:
@@ -107,7 +125,9 @@ class Engine:
             raise TypeError(f"prefix_caching must be True or False; got prefix_caching={prefix_caching!r}")
         if preemption not in PREEMPTION:
             raise ValueError(f"preemption must be one of {PREEMPTION}; got preemption={preemption!r}")
-        self.prefix_caching, self.preemption = prefix_caching, preemption
+        if not isinstance(jump_forward, bool):
+            raise TypeError(f"jump_forward must be True or False; got jump_forward={jump_forward!r}")
+        self.prefix_caching, self.preemption, self.jump_forward = prefix_caching, preemption, jump_forward
         self.pool = model_pool(self.cfg, n_blocks, block_size, self.w["output.weight"].dtype)
         self.requests = {}  # rid -> Request, in submission order
         self.waiting, self.swapped, self.running = deque(), deque(), []  # running: in the order admitted
@@ -116,15 +136,46 @@ class Engine:
 
     # ---- the interface
 
-    def submit(self, ids: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()) -> int:
-        """Queue a prompt -> its request id. It ends after max_new_tokens tokens, or at the first token in stop_ids
-        (that token included). Refused with ValueError or TypeError, queueing nothing, when it could never run."""
+    def submit(self, ids: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = (),
+               sampling: Sampling = GREEDY, grammar: Grammar | None = None) -> int:
+        """Queue a prompt -> its request id. It ends after max_new_tokens tokens, at the first token in stop_ids (that
+        token included), or when its grammar is complete. sampling: how its tokens are drawn (kvlesson.sample; a
+        seed is picked for it when it samples without one); grammar: a kvlesson.serving.grammar.Grammar, fresh, that
+        its output must match. Refused with ValueError or TypeError, queueing nothing, when it could never run."""
         ids, n = self.check(ids, max_new_tokens)
         stops = frozenset(validate.token_ids("stop_ids", stop_ids, self.cfg.vocab).tolist())
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a kvlesson.sample.Sampling; got {type(sampling).__name__}")
+        if grammar is not None and not (hasattr(grammar, "allowed") and getattr(grammar, "consumed", None) == 0):
+            raise ValueError("grammar must be a fresh kvlesson.serving.grammar.Grammar (one per request, unused)")
         rid = len(self.requests)
-        self.requests[rid] = r = Request(rid, ids, n, stops, (self._steps, time.perf_counter()))
+        self.requests[rid] = r = Request(rid, ids, n, stops, (self._steps, time.perf_counter()), seeded(sampling),
+                                         grammar)
         self.waiting.append(r)
         return rid
+
+    def abort(self, rid: int) -> bool:
+        """Stop request rid between steps -> True; its tokens so far stay in requests[rid].tokens. A running request's
+        blocks are freed: those only it used go back to the pool (its full blocks stay in the prefix cache, unused),
+        those it shares with others stay theirs; a waiting one leaves the queue, a swapped one drops its host copy.
+        Aborting a request that has already ended (finished, or aborted before) changes nothing -> False: a client
+        that goes away just as its answer ends is no error. A rid never submitted is a ValueError."""
+        rid = validate.integer("rid", rid)
+        if rid not in self.requests:
+            raise ValueError(f"rid={rid} was never submitted to this engine (rids 0 to {len(self.requests) - 1})")
+        r = self.requests[rid]
+        if r.done:
+            return False
+        undo = atomic.snapshot(self, r)
+        with self.pool.atomic(), atomic.undo_on_error(undo):
+            if r in self.running:
+                self.pool.free(r.seq)
+                self.running.remove(r)
+            else:
+                (self.swapped if r.swapped is not None else self.waiting).remove(r)
+            r.seq, r.swapped, r.aborted = None, None, True
+            self._count("aborts", 1)
+        return True
 
     def check(self, ids: list[int], max_new_tokens: int, name: str = "ids") -> tuple[list[int], int]:
         """-> (ids, n) as submit would queue them; ValueError or TypeError, naming the argument, for a request that
@@ -146,7 +197,9 @@ class Engine:
         if self.done:
             return []
         undo = atomic.snapshot(self, *self.waiting, *self.swapped, *self.running)
-        with self.pool.atomic(), atomic.undo_on_error(undo):
+        grammars = [r.grammar.checkpoint() for q in (self.waiting, self.swapped, self.running) for r in q
+                    if r.grammar is not None]  # a waiting one may be admitted and draw in this very step
+        with self.pool.atomic(), atomic.undo_on_error(undo, *grammars):
             return self._step()
 
     def _step(self):
@@ -159,9 +212,9 @@ class Engine:
         for r in seqs:
             row = next(logits)
             if self.pool.length(r.seq) == len(r.ids):  # its chunk reached the end: this row predicts its next token
-                r.tokens.append(int(np.argmax(row)))
+                new = self._next_tokens(r, row)
                 r.first, r.last = r.first or (self._steps, now), now
-                emitted.append((r.id, r.tokens[-1]))
+                emitted += [(r.id, t) for t in new]
         for r in list(self.running):
             if self.prefix_caching:
                 self.pool.publish(r.seq, r.ids)  # full blocks, as soon as they are full: others may share them now
@@ -174,7 +227,30 @@ class Engine:
                               seqs=len(plan), decoded=[r.id for r, n in plan.items() if n == 1],
                               preempted=self._preempted, seconds=time.perf_counter() - start,
                               **{k: v - before[k] for k, v in self._counts.items()}))
-        return sorted(emitted)
+        return sorted(emitted, key=lambda pair: pair[0])  # by rid; a rid's tokens in order
+
+    def _next_tokens(self, r, row):
+        """The tokens request r emits in this step, its logits `row` [V] in hand -> [ids]: a forced token waiting its
+        turn (jump_forward off), or a draw by its sampling from what its grammar allows; after a draw, the tokens the
+        grammar then forces, now (jump_forward) or queued to come out one a step."""
+        if r.queued:
+            new = [r.queued.popleft()]  # the row is not needed: this is the step jump-forward saves
+            r.grammar.accept(new)
+        else:
+            allowed = None if r.grammar is None else r.grammar.allowed(self.cfg.vocab)
+            new = [sample(row, r.sampling, position=len(r.tokens), history=r.ids, allowed=allowed)]
+            if r.grammar is not None:
+                r.grammar.accept(new)
+                forced = r.grammar.forced()[: r.max_new_tokens - len(r.tokens) - 1]
+                self._count("forced_tokens", len(forced))
+                r.forced += len(forced)
+                if self.jump_forward:
+                    r.grammar.accept(forced)
+                    new += forced
+                else:
+                    r.queued.extend(forced)
+        r.tokens += new
+        return new
 
     def run(self) -> dict[int, list[int]]:
         """Step until every request is done -> {rid: [new token ids]} for every request submitted."""
@@ -183,12 +259,13 @@ class Engine:
         return {rid: list(r.tokens) for rid, r in self.requests.items()}
 
     @property
-    def stats(self):
+    def stats(self) -> dict:
         """Counts over all steps, per-step lists and per-request latencies (in steps and in seconds)."""
         per = {}
         for rid, r in self.requests.items():
             n, (s0, t0) = len(r.tokens), r.submitted
             per[rid] = dict(prompt=len(r.prompt), new=n, preemptions=r.preemptions, prefix_hit_tokens=r.hit_tokens,
+                            forced=r.forced, aborted=r.aborted, seed=r.sampling.seed,
                             ttft_steps=None if r.first is None else r.first[0] - s0 + 1,
                             ttft_s=None if r.first is None else r.first[1] - t0,
                             tpot_s=(r.last - r.first[1]) / (n - 1) if n > 1 else None)
@@ -196,9 +273,10 @@ class Engine:
         return dict(steps=self._steps, **self._counts, **steps, requests=per)
 
     @property
-    def log(self):
+    def log(self) -> list[dict]:
         """One dict per step: tokens, decodes, seqs, decoded and preempted (rids), seconds, and what each of the
-        running totals (preemptions, prefix_hit_tokens, recomputed_tokens, swap_bytes) grew by in it."""
+        running totals (COUNTS: preemptions, prefix_hit_tokens, recomputed_tokens, swap_bytes, forced_tokens, aborts)
+        grew by in it."""
         return list(self._log)
 
     # ---- scheduling

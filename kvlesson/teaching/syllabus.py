@@ -38,7 +38,7 @@ PART_ONE = ("01_attention", "02_why_a_cache", "03_kv_cache", "04_offset_mask", "
             "07_sliding_window", "08_real_model")
 PART_TWO = ("09_many_sequences", "10_precision", "11_shrink_and_stretch", "12_interview_drill")
 PART_THREE = ("13_scheduler", "14_speculative")
-PART_FOUR = ("15_many_devices",)
+PART_FOUR = ("15_many_devices", "16_server")
 LESSONS = ("00_start_here", *PART_ONE, *PART_TWO, *PART_THREE, *PART_FOUR)
 
 

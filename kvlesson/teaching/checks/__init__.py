@@ -14,6 +14,7 @@ from kvlesson.teaching.checks.precision import *  # noqa: F403  lesson 10
 from kvlesson.teaching.checks.real_model import *  # noqa: F403  lesson 08
 from kvlesson.teaching.checks.rope import *  # noqa: F403  lesson 06
 from kvlesson.teaching.checks.scheduler import *  # noqa: F403  lesson 13
+from kvlesson.teaching.checks.server import *  # noqa: F403  lesson 16
 from kvlesson.teaching.checks.shrink import *  # noqa: F403  lesson 11
 from kvlesson.teaching.checks.speculative import *  # noqa: F403  lesson 14
 from kvlesson.teaching.checks.why_cache import *  # noqa: F403  lesson 02
