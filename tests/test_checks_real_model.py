@@ -15,6 +15,7 @@ def right_stored(kind, n):
     return n // per_block * size
 
 
+@pytest.mark.slow  # reads the layout of every tensor of a full-size file
 def test_the_layout_is_ggml_s_and_prices_every_tensor_of_the_file():
     """The checker's block sizes agree with the gguf reader's table and with the byte count of each tensor."""
     for kind, (per_block, size) in LAYOUT.items():

@@ -144,6 +144,7 @@ def accept_with_choice(p, q, tokens, rng):
     return list(tokens) + [int(rng.choice(p.shape[1], p=p[len(tokens)]))]
 
 
+@pytest.mark.slow  # thousands of sampled rounds, a chi-square test each
 def test_accept_checker_passes_right_answers():
     assert check_accept(rule)
     assert check_accept(accept_with_choice)
@@ -179,6 +180,7 @@ def residual_not_clipped(p, q, tokens, rng):
     return list(tokens) + [int(rng.choice(p.shape[1], p=p[len(tokens)]))]
 
 
+@pytest.mark.slow  # thousands of sampled rounds, a chi-square test each
 @pytest.mark.parametrize("wrong, words", [
     (ACCEPT_SLIPS[0].wrong, "The ratio upside down"),
     (ACCEPT_SLIPS[1].wrong, "sample from max(0, p - q), normalised, not from p"),
@@ -222,6 +224,7 @@ def squared_after_the_first(p, q, tokens, rng):
     return list(tokens) + [int(rng.choice(p.shape[1], p=p[len(tokens)]))]
 
 
+@pytest.mark.slow  # thousands of sampled rounds, a chi-square test each
 # issue 29: each of these passed the checker
 @pytest.mark.parametrize("wrong, words", [
     (argmax_bonus, "last token is SAMPLED from p_target[k]"),
@@ -233,6 +236,7 @@ def test_accept_checker_refuses_rules_wrong_after_the_first_token(wrong, words):
     assert not verdict and words in repr(verdict), repr(verdict)
 
 
+@pytest.mark.slow  # thousands of sampled rounds, a chi-square test each
 def test_a_wrong_second_token_is_shown_with_its_own_frequencies():
     """The NOT YET shows the frequencies that are wrong (the second token's), not the first token's, which match."""
     verdict = check_accept(squared_after_the_first)
@@ -240,6 +244,7 @@ def test_a_wrong_second_token_is_shown_with_its_own_frequencies():
     assert "p_target[1]" in verdict.problem and np.abs(np.array(shown) - ACCEPT_P[1]).max() > 0.05
 
 
+@pytest.mark.slow  # thousands of sampled rounds, a chi-square test each
 def test_the_accept_checker_refuses_a_right_rule_only_as_often_as_it_says():
     """ALPHA is what the statistical case costs a right answer (three tests at 1e-4: a right rule fails with
     probability 3e-4). Right rules fed five other streams of random numbers all pass."""

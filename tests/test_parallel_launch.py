@@ -60,6 +60,7 @@ def test_a_rank_that_dies_mid_ring_ends_the_launch_with_a_rank_error(tmp_path):
     assert time.perf_counter() - start < 25
 
 
+@pytest.mark.slow  # waits out the launch's time limit
 def test_a_rank_that_never_sends_is_ended_at_the_time_limit(tmp_path):
     fault = "if comm.rank == 0 and step == 1: __import__('time').sleep(60)"
     start = time.perf_counter()

@@ -44,6 +44,7 @@ PROGRAMS = ("tensor", "ring", "disagg")  # the modules of kvlesson.parallel that
 TIMEOUT = 120  # seconds a launch may take before the MPI and then this module end it; every lesson run takes a few
 ERROR_MARK = "kvlesson.parallel:"  # starts the line a failing rank prints on stderr before it aborts
 RESULT = "result.pkl"  # what rank 0 writes into the launch's folder
+ERRORS = "error-{rank}.txt"  # what a failing rank writes there too: stderr can be lost when the job is aborted
 
 
 class RankError(RuntimeError):
@@ -88,7 +89,8 @@ def execute(cmd, folder, timeout=TIMEOUT):
     result = Path(folder) / RESULT
     if code == 0 and result.exists():
         return Run(pickle.loads(result.read_bytes()), out, seconds)
-    raise failure(code, out, err, timeout)
+    written = sorted(Path(folder).glob(ERRORS.format(rank="*")))  # an abort can cut a rank's stderr short
+    raise failure(code, out, "".join(p.read_text(encoding="utf-8") for p in written) + err, timeout)
 
 
 @functools.cache
@@ -184,10 +186,22 @@ def main(program, parser):
     except BaseException as e:  # SystemExit from argparse included: every rank stops, none waits
         code = e.code if isinstance(e, SystemExit) else 1
         if not isinstance(e, SystemExit) or code:
-            sys.stderr.write(f"{ERROR_MARK} rank {world.rank} of {world.size}: {type(e).__name__}: {e}\n")
+            said = f"{ERROR_MARK} rank {world.rank} of {world.size}: {type(e).__name__}: {e}\n"
+            sys.stderr.write(said)
             sys.stderr.flush()
+            out = _out_folder(sys.argv)
+            if out is not None:  # a file is there before the abort: the job's stderr may not reach mpiexec in time
+                (Path(out) / ERRORS.format(rank=world.rank)).write_text(said, encoding="utf-8")
             world.Abort(code if isinstance(code, int) else 1)
         raise
+
+
+def _out_folder(argv):
+    """-> the folder after --out in a rank's arguments (argparse may have failed before reading it), or None."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--out" and Path(argv[i + 1]).is_dir():
+            return argv[i + 1]
+    return None
 
 
 class Counted:
