@@ -27,6 +27,7 @@ from kvlesson.teaching.checks.delegation import refuse_delegation
 from kvlesson.teaching.checks.mask import slip_for_all
 from kvlesson.teaching.checks.scheduler import slip_for_answers
 from kvlesson.teaching.verdict import (
+    TIME_LIMIT,
     Slip,
     as_array,
     as_number,
@@ -37,6 +38,7 @@ from kvlesson.teaching.verdict import (
     passed,
     reject,
     run,
+    time_limit,
 )
 
 __all__ = ["check_tree_mask", "check_accept", "check_paged_truncate", "check_tokens_per_pass", "check_tree_walk"]
@@ -319,16 +321,17 @@ def _trials(fn, rng):
     """-> (first emitted token of each trial [TRIALS], second emitted token of the trials that kept draft 1, the
     token after both drafts in TRIALS rounds that must keep them)."""
     first, second, bonus = [], [], []
-    for t in range(TRIALS):
-        drafts = [int(rng.choice(5, p=_Q[0])), int(rng.choice(5, p=_Q[1]))]
-        out = _call(fn, _P, _Q, drafts, rng, f"trial {t} (drafts {drafts})")
-        first.append(out[0])
-        if out[0] == drafts[0] and len(out) > 1:
-            second.append(out[1])
-        drafts = [int(rng.choice(5, p=_P_BONUS[0])), int(rng.choice(5, p=_P_BONUS[1]))]
-        out = _call(fn, _P_BONUS, _P_BONUS[:2], drafts, rng, f"trial {t} with p_target = q_draft (drafts {drafts})")
-        if len(out) == 3:
-            bonus.append(out[2])
+    with time_limit(TIME_LIMIT):  # one limit for every trial: a watchdog thread per call costs more than the calls
+        for t in range(TRIALS):
+            drafts = [int(rng.choice(5, p=_Q[0])), int(rng.choice(5, p=_Q[1]))]
+            out = _call(fn, _P, _Q, drafts, rng, f"trial {t} (drafts {drafts})")
+            first.append(out[0])
+            if out[0] == drafts[0] and len(out) > 1:
+                second.append(out[1])
+            drafts = [int(rng.choice(5, p=_P_BONUS[0])), int(rng.choice(5, p=_P_BONUS[1]))]
+            out = _call(fn, _P_BONUS, _P_BONUS[:2], drafts, rng, f"trial {t} with p_target = q_draft (drafts {drafts})")
+            if len(out) == 3:
+                bonus.append(out[2])
     return np.array(first, int), np.array(second, int), np.array(bonus, int)
 
 
