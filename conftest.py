@@ -39,8 +39,10 @@ SLOW_KINDS = ("notebooks", "model", "browser", "slow", "standalone")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every item, then put the longest first: xdist hands out the lessons that run the real model at once
-    instead of leaving one process busy at the end while the other waits."""
+    """Mark every item, then order them for two processes that take the next test as they finish one. The longest
+    lesson goes first: the process that takes it builds the standalone venv (tests/test_standalone.py) on the way.
+    The other process meanwhile takes the slow tests that need no venv, then the remaining lessons, longest first, then
+    the quick tests, which fill the end evenly. (Lessons first, both processes waited for one venv.)"""
     for item in items:
         lesson = _lesson(item)
         if lesson is not None:
@@ -53,17 +55,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.standalone)
         if "browser" in item.path.parts:
             item.add_marker(pytest.mark.browser)
-        if item.path.suffix == ".ipynb":  # run by path: a lesson's cells in order, in one kernel, on one worker
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
         if not any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.quick)
 
-    def weight(item):
-        lesson = _lesson(item)
-        return 2 * (lesson is not None and _loads_the_model(lesson)) + (lesson is not None) + (
-            "browser" in item.path.parts)
+    seconds = _lesson_seconds(config.rootpath)
+    longest = max(seconds, key=seconds.get, default=None)
 
-    items.sort(key=lambda item: -weight(item))  # stable: cells and tests keep their order within a file
+    def order(item):
+        lesson = _lesson(item)
+        if lesson is not None:
+            return (0, 0) if lesson.stem == longest else (2, -seconds.get(lesson.stem, 0))
+        if item.get_closest_marker("standalone"):
+            return (2, 0)
+        return (1, 0) if item.get_closest_marker("quick") is None else (3, 0)
+
+    items.sort(key=order)  # stable: cells and tests keep their order within a file
+
+
+def _lesson_seconds(root):
+    """{lesson: seconds its committed run took}, from the package's map of the lessons."""
+    path = root / "kvlesson" / "teaching" / "syllabus.json"
+    return {name: entry["seconds"] for name, entry in json.loads(path.read_text(encoding="utf-8")).items()}
 
 
 def _lesson(item):
@@ -74,3 +86,19 @@ def _lesson(item):
     if lesson is not None and "standalone_python" in getattr(item, "fixturenames", ()):
         return item.config.rootpath / "notebooks" / f"{lesson}.ipynb"
     return None
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (pyproject.toml): tests shared out one by one, except a lesson given by path, whose cells
+    must run in order in one kernel, so on one worker. xdist would group by an xdist_group mark, but it does so by
+    renaming the item, which pytest 9 no longer lets it do; this scheduler groups by the notebook's path instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None  # another --dist: xdist's own scheduler
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LessonsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return path if path.endswith(".ipynb") else nodeid
+
+    return LessonsTogether(config, log)

@@ -131,7 +131,8 @@ def accept(p_target: ArrayLike, q_draft: ArrayLike, draft_tokens: Sequence[int],
     [k, V]: the distributions the drafts were sampled from; draft_tokens [k]. Draft i is kept with probability
     min(1, p(d_i) / q(d_i)) (p and q its rows); at the first rejection the token is sampled from
     max(0, p - q), normalised, and the round ends; after k acceptances the last token is sampled from p_target[k].
-    Why the emitted token then follows p exactly: the interview corner of lesson 14, or Leviathan et al.'s Theorem 1.
+    Why the emitted token then follows p exactly: the interview corner of lesson 14, or Leviathan et al. (2023),
+    Appendix A.1.
     """
     p, q, tokens, rng = _checked_rule(p_target, q_draft, draft_tokens, rng)
     out = []

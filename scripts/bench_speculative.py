@@ -8,10 +8,9 @@ shipped story's first 96 tokens, and the chat prompt that asks for type hints), 
     step per token, on caches of exactly the size of the request (len(prompt) + new positions), as the speculative
     runs have;
   - prompt lookup at each k of --ks, on the same cache sizes;
-  - model.generate, for the record: until it sizes its caches to the request, it allocates config.max_len (8,192)
-    positions per layer, and numpy backs arrays that large with transparent huge pages, whose first touch during
-    the prefill makes it slower for reasons that have nothing to do with speculation. It is timed, never the
-    baseline.
+  - model.generate, for the record: it sizes its caches to the request too (it once allocated config.max_len,
+    8,192 positions per layer, whose first touch made it slow for reasons that have nothing to do with speculation).
+    It is timed, never the baseline.
 One warm-up run of each, then --rounds rounds; within a round the contenders take turns in an order that rotates
 from round to round. The table gives each contender's median seconds and its speed-up against the baseline of the
 same round: the median and the min .. max over rounds. A round in which any contender took more than STALL times its

@@ -1,6 +1,8 @@
 """Helpers the test files share: the random layers every cache path is checked on, the paged-pool referee, a buggy
 reserve. One place for each, so that no test file calls into another's tests."""
+import http.server
 import math
+import re
 from types import SimpleNamespace
 from unittest import mock
 
@@ -13,6 +15,7 @@ from kvlesson.serving import Engine, engine
 from kvlesson.serving.forward import decode_step, model_pool, prefill_step, run
 from kvlesson.serving.padding import pad_left, padded_step
 from kvlesson.serving.paged import PagedKVCache
+from kvlesson.teaching.student import BEGIN
 from kvlesson.weights.layout import fuse
 from tests.reference import full_pass
 
@@ -42,15 +45,19 @@ def weights(c, dtype=np.float64):
     return [a.astype(dtype) for a in (x, *W)]
 
 
-def run_chunks(c, cache, dtype=np.float64):
+def run_chunks(c, cache, dtype=np.float64, *, weights=weights, chunks=None, cache_masks=False):
+    """Case c's tokens through kvlesson.step into `cache`, c["chunks"] (or `chunks`) at a time -> [fed, H*d].
+    weights(c, dtype) -> x, Wq, Wk, Wv; cache_masks: the cache's own mask is the whole rule (sinks), so kvlesson.step
+    gets no window."""
     x, Wq, Wk, Wv = weights(c, dtype)
+    window = None if cache_masks else c.get("window")
     out, start = [], 0
-    for T in c["chunks"]:
-        out.append(step(x[start:start + T], Wq, Wk, Wv, cache, c["H"], c["Hkv"], window=c["window"],
+    for T in c["chunks"] if chunks is None else chunks:
+        out.append(step(x[start:start + T], Wq, Wk, Wv, cache, c["H"], c["Hkv"], window=window,
                         rope_base=c["rope_base"], interleaved=c["interleaved"]))
         start += T
-    assert len(cache) == c["N"]
-    return np.concatenate(out)  # [N, H*d]
+    assert len(cache) == start
+    return np.concatenate(out) if out else np.zeros((0, c["H"] * c["d"]), dtype)
 
 
 def reference(c):
@@ -65,7 +72,7 @@ def caches(c, dtype=np.float64):
         yield WindowKVCache(c["Hkv"], c["d"], c["window"], dtype)
 
 
-# ---- the paged pool against one KVCache per sequence (test_paged, and the mutants it must catch)
+# ---- the paged pool against one KVCache per sequence (test_serving_paged, and the mutants it must catch)
 
 
 def snapshot(pool):
@@ -142,7 +149,7 @@ def reserve_without_copy(self, seq, T):
     return np.asarray(table, dtype=np.intp)[p // bs], p % bs
 
 
-# ---- batched serving against each sequence alone (test_batch, and the mutants it must catch)
+# ---- batched serving against each sequence alone (test_serving_batch, and the mutants it must catch)
 
 TINY = kvmodel.tiny_config(n_layers=2, max_len=64)
 
@@ -224,7 +231,7 @@ def mix_matches_alone(c):
         assert [pool.length(s) for s in seqs] == [len(alone[s][0]) for s in seqs]
 
 
-# ---- a left-padded batch against each sequence alone (test_padding, and its mutants)
+# ---- a left-padded batch against each sequence alone (test_serving_padding, and its mutants)
 
 
 @st.composite
@@ -278,7 +285,7 @@ def errors(c):
     return worst_out, worst_cache
 
 
-# ---- the scheduler against each request alone (test_engine, test_interrupts)
+# ---- the scheduler against each request alone (test_serving_engine, test_interrupts)
 
 ENGINE_TINY = kvmodel.tiny_config(n_layers=2, max_len=128)
 ENGINE_WEIGHTS = {seed: kvmodel.random_weights(ENGINE_TINY, seed=seed, dtype=np.float64) for seed in range(3)}
@@ -390,7 +397,7 @@ def check_trace(c, make=Engine, interrupts=None):
     return eng
 
 
-# ---- Ctrl-C anywhere: every stateful call happens whole or not at all (test_interrupts, test_engine)
+# ---- Ctrl-C anywhere: every stateful call happens whole or not at all (test_interrupts, test_serving_engine)
 
 
 class Interrupts:
@@ -473,7 +480,7 @@ def engine_state(eng):
             repr(eng._counts), len(eng._log), eng._steps)
 
 
-# ---- a tiny model with a tokenizer and a chat template: the server's protocol tests run on it (test_server)
+# ---- a tiny model with a tokenizer and a chat template: the server's protocol tests run on it (test_serving_server)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -504,3 +511,56 @@ def tiny_chat_model(seed=0):
 
     return Model(SERVER_TINY, kvmodel.random_weights(SERVER_TINY, seed=seed, dtype=np.float64), byte_tokenizer(),
                  CHATML)
+
+
+# ---- what a student copy must never show (test_teaching_student, test_site)
+
+def _pass_lines(key):
+    """The verdicts the answer key prints right after its exercises, and what each checker it calls there says on
+    its own reference answer: every PASS a solved exercise earns."""
+    import inspect
+
+    from kvlesson.teaching import checks
+
+    said = set()
+    for exercise, after in zip(key.cells, key.cells[1:], strict=False):
+        if exercise.cell_type != "code" or BEGIN not in exercise.source or after.cell_type != "code":
+            continue
+        for out in after.get("outputs", []):
+            text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+            said |= {line for line in text.splitlines() if line.startswith("PASS")}
+        for name in set(re.findall(r"check_\w+", after.source)):
+            check = getattr(checks, name, None)
+            if check is not None and hasattr(check, "reference") and "model" not in inspect.signature(check).parameters:
+                said.add(check(check.reference).message)
+    return said
+
+
+def _drill_answers():
+    """Lesson 12's answers: every suspect's bug, what its PASS says, its clue, and the priced figures of its sheet."""
+    from kvlesson.configs import ACCELERATORS
+    from kvlesson.teaching import drill
+    from kvlesson.teaching.drill import lineup
+
+    said = set()
+    for label in lineup.LABELS:
+        case = lineup.case(label)
+        said |= {case.key, case.bug, case.clue, f"Suspect {label} was"}
+    h100 = ACCELERATORS["H100 SXM"]
+    for name, config in drill.CONFIGS.items():
+        for batch in (1, 16):
+            said.add(f"{drill.decode_floor_ms(config, drill.params(name), h100, 8192, batch):.2f} ms")
+    return said
+
+
+def answers_given(key, name):
+    """What a student copy of the lesson `name` must never show: the PASS lines of its answer key `key`, and for
+    lesson 12 its drill's answers (the student-copy tests and the site's test share this one list)."""
+    return _pass_lines(key) | (_drill_answers() if name.startswith("12_") else set())
+
+
+# ---- a web server on this machine that keeps quiet (test_weights_fetch, test_weights_fetch_progress)
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass

@@ -21,20 +21,9 @@ from kvlesson.teaching.checks import (
 from kvlesson.teaching.checks import speculative as spec_checks
 from kvlesson.teaching.checks.speculative import _P as ACCEPT_P
 from kvlesson.teaching.checks.speculative import ACCEPT_SLIPS
+from tests.reference import tree_mask as by_loops
 
 # ------------------------------------------------------------------------------------------------ tree mask
-
-
-def tree_by_loops(parents, S):
-    T = len(parents)
-    mask = np.zeros((T, S + T), bool)
-    mask[:, :S] = True
-    for i in range(T):
-        j = i
-        while j >= 0:
-            mask[i, S + j] = True
-            j = parents[j]
-    return mask
 
 
 def tree_by_depths(parents, S):
@@ -48,7 +37,7 @@ def tree_by_depths(parents, S):
 
 
 def test_tree_mask_checker_passes_right_answers():
-    for right in (tree_by_loops, tree_by_depths):
+    for right in (by_loops, tree_by_depths):
         assert check_tree_mask(right), right.__name__
 
 
@@ -99,13 +88,13 @@ def parent_only(parents, S):
     (lambda p, S: causal_mask(len(p), S + len(p)), "offset causal mask of a chunk"),
     (lambda p, S: np.tril(np.ones((len(p), S + len(p)), bool), k=S), "siblings and cousins included"),
     (parent_only, "sees its parent but not its parent's parent"),
-    (lambda p, S: tree_by_loops(p, S) & ~np.eye(len(p), S + len(p), S, dtype=bool), "must see its own key"),
-    (lambda p, S: np.concatenate([np.ones((len(p), S), bool), tree_by_loops(p, 0).T], axis=1), "descendants"),
-    (lambda p, S: np.concatenate([np.zeros((len(p), S), bool), tree_by_loops(p, 0)], axis=1), "all S cached keys"),
-    (lambda p, S: tree_by_loops(p, 0), "attend over the cache AND the tree"),
-    (lambda p, S: tree_by_loops(p, S).T, "the mask has shape (8, 5); expected (5, 8)"),
-    (lambda p, S: tree_by_loops(p, S).astype(float), "expected bool"),
-    (lambda p, S: tree_by_loops(p, S) | (np.arange(S + len(p)) == S + len(p) - 1), "node 0 (depth 0) sees"),
+    (lambda p, S: by_loops(p, S) & ~np.eye(len(p), S + len(p), S, dtype=bool), "must see its own key"),
+    (lambda p, S: np.concatenate([np.ones((len(p), S), bool), by_loops(p, 0).T], axis=1), "descendants"),
+    (lambda p, S: np.concatenate([np.zeros((len(p), S), bool), by_loops(p, 0)], axis=1), "all S cached keys"),
+    (lambda p, S: by_loops(p, 0), "attend over the cache AND the tree"),
+    (lambda p, S: by_loops(p, S).T, "the mask has shape (8, 5); expected (5, 8)"),
+    (lambda p, S: by_loops(p, S).astype(float), "expected bool"),
+    (lambda p, S: by_loops(p, S) | (np.arange(S + len(p)) == S + len(p) - 1), "node 0 (depth 0) sees"),
     (lambda p, S: None, "returned None"),
 ])
 def test_tree_mask_checker_names_the_mistake(wrong, words):
@@ -115,7 +104,7 @@ def test_tree_mask_checker_names_the_mistake(wrong, words):
 
 def test_a_tree_mask_wrong_only_on_a_later_tree_is_caught_there():
     def right_for_one_root(parents, S):
-        return tree_by_loops([max(p, 0) if i else -1 for i, p in enumerate(parents)], S)  # every root joined to 0
+        return by_loops([max(p, 0) if i else -1 for i, p in enumerate(parents)], S)  # every root joined to 0
 
     verdict = check_tree_mask(right_for_one_root)
     assert not verdict and "two roots" in repr(verdict), repr(verdict)

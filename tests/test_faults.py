@@ -16,7 +16,7 @@ What a call can do, as the probe files it:
 
 The table gathers the cases of issue 33's items 3, 4, 6, 7 and 8 that a call can state: the model-file headers of
 tests/test_model_files.py, lesson 14's helpers of tests/test_speculative.py and shrink.precision's junk of
-tests/test_precision.py (each also a test there), and the cases below, which live here. What needs processes
+tests/test_shrink_precision.py (each also a test there), and the cases below, which live here. What needs processes
 (two or three first loads at once, a writer killed mid-write) or hypothesis (NaN and inf planted in random
 shapes) lives in those files' tests, not in this table.
 """
@@ -298,7 +298,7 @@ ITEM6_8 = [
 
 def _tables():
     """Items 7 and 8's tables, kept beside their tests."""
-    from tests.test_precision import JUNK_CASES
+    from tests.test_shrink_precision import JUNK_CASES
     from tests.test_speculative import HELPER_CASES
 
     return ([Case("7", what, lambda ctx, call=call: call(), refuse=(error, words))

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlesson import attention, causal_mask
+from tests import reference
 
 
 @given(st.integers(2, 6), st.integers(0, 4), st.integers(1, 3), st.sampled_from([np.nan, np.inf, -np.inf]),
@@ -52,19 +53,6 @@ def test_scores_beyond_float32_are_refused_by_name():
         attention(q, q, q)
 
 
-def loop_tree_mask(parents, S):
-    """Node i sees cached key j always, and new node m when m is i or an ancestor of i: walk up from i."""
-    T = len(parents)
-    mask = np.zeros((T, S + T), bool)
-    mask[:, :S] = True
-    for i in range(T):
-        m = i
-        while m >= 0:
-            mask[i, S + m] = True
-            m = parents[m]
-    return mask
-
-
 @st.composite
 def trees(draw):
     T = draw(st.integers(0, 9))
@@ -76,7 +64,7 @@ def test_the_tree_mask_is_each_node_and_its_ancestors(parents, S):
     from kvlesson import tree_mask
     from kvlesson.sdpa import tree_depths
 
-    np.testing.assert_array_equal(tree_mask(parents, S), loop_tree_mask(parents, S))
+    np.testing.assert_array_equal(tree_mask(parents, S), reference.tree_mask(parents, S))
     depth = tree_depths(parents)
     assert all(depth[i] == (0 if p < 0 else depth[p] + 1) for i, p in enumerate(parents))
 

@@ -7,9 +7,9 @@ streamed element is read once per resident tile. A tile of M elements holds abou
 about N^2 d^2 / M elements, times a small constant.
 
 Both passes run here on numpy arrays through a SlowMemory that counts every element read or written, and the tiles
-held on chip at once are checked against M. So the counts are what the loops do, not a formula. standard_traffic and
-tiled_traffic give the same counts in closed form (tests/test_traffic.py proves they agree), for sizes too large to
-run. One head, N queries and N keys, no mask, as in the theorem. Two loop orders:
+held on chip at once are checked against M. So the counts are what the loops do, not a formula. standard_traffic
+and tiled_traffic give the same counts in closed form (tests/test_costs_traffic.py proves they agree), for sizes too
+large to run. One head, N queries and N keys, no mask, as in the theorem. Two loop orders:
 
   "kv"  FlashAttention-1 (its Algorithm 1): the outer loop holds Bc keys and values on chip; the inner loop streams
         every query tile past them, reading its Q, O, l and m and writing O, l and m back, once per key tile.

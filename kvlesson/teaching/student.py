@@ -5,8 +5,8 @@
 
 A solution block is the lines between `### BEGIN SOLUTION` and `### END SOLUTION` in a code cell, the
 convention of nbgrader, the classroom standard. Each block becomes the stub, indented like its BEGIN line: the
-replacement nbgrader's ClearSolutions makes (tests/test_student.py compares the two on every lesson), done here in a
-few lines so that a learner's install, which has no nbgrader, makes the same copies
+replacement nbgrader's ClearSolutions makes (tests/test_teaching_student.py compares the two on every lesson), done
+here in a few lines so that a learner's install, which has no nbgrader, makes the same copies
 (`python -m kvlesson.teaching.workbook`). Around it, this tool adds what a classroom needs:
   - markers are checked first, and a broken one is reported with its file, cell and line;
   - no output that depends on a solved exercise survives: the outputs of every exercise cell are cleared, and so

