@@ -101,10 +101,11 @@ def test_the_paged_attention_variants_agree_and_print_their_budget(scripts_on_pa
 
 @pytest.mark.slow
 def test_the_server_benchmark_runs_and_prints_its_table(scripts_on_path, capsys, model):
-    """`python scripts/bench_server.py` in its smallest form: one round, two clients, two tokens each."""
+    """`python scripts/bench_server.py` in its smallest form: one round, two clients, two tokens each, one BLAS thread
+    (the test process's own: two threads here would fight the other test process for the two cores)."""
     import bench_server
 
-    bench_server.main(["--rounds", "1", "--clients", "2", "--tokens", "2", "--rate", "20"])
+    bench_server.main(["--rounds", "1", "--clients", "2", "--tokens", "2", "--rate", "20", "--threads", "1"])
     out = capsys.readouterr().out
     assert "| chat turn 2 TTFT, client, caching on (ms) |" in out and "| grammar mask per step, median (us) |" in out
     assert "jump-forward:" in out and "saved" in out
