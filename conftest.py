@@ -88,17 +88,27 @@ def _lesson(item):
     return None
 
 
+# tests whose costly fixtures are made once per process: kept on one process, they are made once per run
+ONE_PROCESS = ("tests/browser/",  # JupyterLab and Chromium (package-scoped fixtures)
+               "tests/test_site.py")  # the built site and Chromium (module-scoped)
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` (pyproject.toml): tests shared out one by one, except a lesson given by path, whose cells
-    must run in order in one kernel, so on one worker. xdist would group by an xdist_group mark, but it does so by
-    renaming the item, which pytest 9 no longer lets it do; this scheduler groups by the notebook's path instead."""
+    """`--dist loadgroup` (pyproject.toml): tests handed out one by one as the processes finish them, except the
+    cells of a lesson given by path, which must run in order in one kernel, and the tests of ONE_PROCESS. xdist would
+    group by an xdist_group mark, but it does so by renaming the item, which pytest 9 no longer lets it do: this
+    scheduler groups by path instead."""
     if config.getvalue("dist") != "loadgroup":
         return None  # another --dist: xdist's own scheduler
     from xdist.scheduler import LoadScopeScheduling
 
-    class LessonsTogether(LoadScopeScheduling):
+    config.option.loadscopereorder = False  # keep pytest_collection_modifyitems's order, not the largest group first
+
+    class Grouped(LoadScopeScheduling):
         def _split_scope(self, nodeid):
             path = nodeid.split("::", 1)[0]
-            return path if path.endswith(".ipynb") else nodeid
+            if path.endswith(".ipynb"):
+                return path
+            return next((group for group in ONE_PROCESS if path.startswith(group)), nodeid)
 
-    return LessonsTogether(config, log)
+    return Grouped(config, log)
