@@ -5,7 +5,7 @@
 
 Everything is measured side by side in one run, batch 1, float32, on the same 128-token prompt:
   - kvlesson's decode step (one token onto its KV cache), plain (kvlesson.model.forward, the pass the lessons
-    teach) and fused (kvlesson.fused: Q/K/V and gate/up in one product each);
+    teach) and fused (Model.fused(), kvlesson.weights.layout.fuse: Q/K/V and gate/up in one product each);
   - Hugging Face transformers decoding with its own KV cache (PyTorch, CPU), when it is installed;
   - the memory-bandwidth floor: a decode step must stream every weight once, so it takes at least
     weight bytes / bandwidth, with the bandwidth measured on a large float32 matrix-vector product in the
