@@ -93,6 +93,7 @@ ONE_PROCESS = ("tests/browser/",  # JupyterLab and Chromium (package-scoped fixt
                "tests/test_site.py")  # the built site and Chromium (module-scoped)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist (-p no:xdist) it is never called
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` (pyproject.toml): tests handed out one by one as the processes finish them, except the
     cells of a lesson given by path, which must run in order in one kernel, and the tests of ONE_PROCESS. xdist would
