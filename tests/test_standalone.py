@@ -156,9 +156,9 @@ def run(command, cwd, venv=None, timeout=600):
 
 
 def make_venv(path, *requirements, constraints=None):
-    """A fresh venv at `path` (no system site-packages) with `requirements` installed; -> its folder. pip compiles
-    every module to bytecode, as a learner's pip does: lesson 10 measures peak memory with tracemalloc, and a module
-    compiled on first import during the measurement would move its digits."""
+    """A fresh venv at `path` (no system site-packages) with `requirements` installed, as a learner's pip installs
+    them (bytecode compiled: a venv without it once moved lesson 10's tracemalloc peak by a few kilobytes, which the
+    lesson now rounds away); -> its folder."""
     run([sys.executable, "-m", "venv", path], cwd=path.parent)
     limit = ["-c", constraints] if constraints else []
     run([path / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", *limit, *requirements],
