@@ -199,42 +199,37 @@ def math_pages(site):
 
 
 @pytest.mark.browser
-def test_every_formula_is_typeset_offline(site, browser):
-    """Issue 32: MathJax came from its CDN, so offline every formula showed as raw TeX. Now the site ships it: each
-    page with a formula typesets all of them with the network closed, and asks the network for nothing."""
-    pages = math_pages(site)
-    assert len(pages) >= 5, [p.name for p in pages]  # lessons 01, 02, 05, 10 and 14 hold formulas, at least
+def test_every_page_typesets_its_formulas_offline_and_keeps_its_outputs_in_their_boxes(site, browser):
+    """Each lesson's page, opened once with the network closed, at a laptop's width.
+
+    Issue 32: MathJax came from its CDN, so offline every formula showed as raw TeX. Now the site ships it: each page
+    with a formula typesets all of them, and no page asks the network for anything.
+    Issue 32 too: 149 output cells overflowed their box sideways (a reader had to scroll each printed table). The site
+    wraps them: once the formulas are typeset, no output is wider than the box it sits in."""
+    pages, with_math = sorted((site / "notebooks").glob("*.html")), math_pages(site)
+    assert len(with_math) >= 5, [p.name for p in with_math]  # lessons 01, 02, 05, 10 and 14 hold formulas, at least
+    untypeset, wide = [], []
     for path in pages:
         page, fetched = offline_page(browser, path)
         try:
-            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
-            page.evaluate("() => MathJax.startup.promise")
-            raw = page.evaluate("""() => [...document.querySelectorAll('.math')]
-                .filter(m => !m.querySelector('mjx-container') && !m.closest('mjx-container'))
-                .map(m => m.textContent.slice(0, 60))""")
-            typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
-            errors = page.evaluate("() => document.querySelectorAll('mjx-merror').length")
-        finally:
-            page.close()
-        assert not fetched, f"{path.name} asked the network for {fetched}"
-        assert typeset and not raw and not errors, f"{path.name}: {typeset} typeset, raw TeX left: {raw[:3]}, " \
-                                                   f"{errors} TeX errors"
-
-
-@pytest.mark.browser
-def test_no_output_runs_out_of_its_box(site, browser):
-    """Issue 32: 149 output cells overflowed their box sideways (a reader had to scroll each printed table). The site
-    wraps them: on every lesson's page, at a laptop's width, no output is wider than the box it sits in."""
-    wide = []
-    for path in sorted((site / "notebooks").glob("*.html")):
-        page, _ = offline_page(browser, path)
-        try:
+            if path in with_math:
+                page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+                page.evaluate("() => MathJax.startup.promise")
+                raw = page.evaluate("""() => [...document.querySelectorAll('.math')]
+                    .filter(m => !m.querySelector('mjx-container') && !m.closest('mjx-container'))
+                    .map(m => m.textContent.slice(0, 60))""")
+                typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+                errors = page.evaluate("() => document.querySelectorAll('mjx-merror').length")
+                if not typeset or raw or errors:
+                    untypeset.append(f"{path.name}: {typeset} typeset, raw TeX left: {raw[:3]}, {errors} TeX errors")
             wide += [f"{path.name}: {w}" for w in page.evaluate("""() => [...document.querySelectorAll(
                 '.cell_output pre, .cell_output table, .cell_output img')]
                 .filter(e => e.scrollWidth > e.closest('.cell_output').clientWidth + 1)
                 .map(e => e.textContent.slice(0, 60) || e.tagName)""")]
         finally:
             page.close()
+        assert not fetched, f"{path.name} asked the network for {fetched}"
+    assert not untypeset, "\n".join(untypeset)
     assert not wide, f"{len(wide)} outputs run out of their box:\n" + "\n".join(wide[:20])
 
 
