@@ -14,7 +14,6 @@
 """
 import json
 import os
-import sys
 from functools import cache
 
 import pytest
@@ -27,14 +26,13 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ[var] = "1"
     # numpy asks the kernel for huge pages on every large array; where the kernel grants them only on request
     # (transparent_hugepage defrag=madvise, as here) it stops to compact memory first, and copying the model to
-    # float64 took 3-6 s instead of 0.5 s. Without the request lessons 10 and 11 ran in 17 s and 77 s, not 25 s and
-    # 89 s. Memory holds the same numbers either way, so no output can change.
+    # float64 took 3-6 s instead of 0.5 s. Without the request lessons 10 and 11, each run alone, took 17 s and 77 s,
+    # not 25 s and 89 s. Memory holds the same numbers either way, so no output can change. numpy reads the variable
+    # when it loads, and no worker has loaded it by now (checked).
     os.environ["NUMPY_MADVISE_HUGEPAGE"] = "0"
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)  # in case numpy was loaded before this file
-    if "numpy" in sys.modules:
-        sys.modules["numpy"]._core.multiarray._set_madvise_hugepage(False)
 
 
 @cache
