@@ -24,12 +24,6 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     # No checked output depends on it: the lessons pass strict nbval with 1 thread and with 2.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
-    # numpy asks the kernel for huge pages on every large array; where the kernel grants them only on request
-    # (transparent_hugepage defrag=madvise, as here) it stops to compact memory first, and copying the model to
-    # float64 took 3-6 s instead of 0.5 s. Without the request lessons 10 and 11, each run alone, took 17 s and 77 s,
-    # not 25 s and 89 s. Memory holds the same numbers either way, so no output can change. numpy reads the variable
-    # when it loads, and no worker has loaded it by now (checked).
-    os.environ["NUMPY_MADVISE_HUGEPAGE"] = "0"
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)  # in case numpy was loaded before this file
