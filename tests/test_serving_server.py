@@ -280,8 +280,12 @@ def test_the_command_line_serves_smollm2_until_ctrl_c(model, tmp_path):
     with socket.socket() as s:  # a port free a moment ago
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # A shell that starts a job in the background without job control (`pytest &` in a script, nohup) starts it with
+    # SIGINT ignored, and every process it starts inherits that: this server would never see the test's Ctrl-C. So it
+    # starts with SIGINT as a terminal's foreground process has it.
     proc = subprocess.Popen([sys.executable, "-m", "kvlesson.serving.server", "--port", str(port), "--n-blocks", "16"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = [proc.stdout.readline() for _ in range(1)]
         while "serving" not in lines[-1] and lines[-1] and len(lines) < 5:  # a first load says what it does first
@@ -291,5 +295,10 @@ def test_the_command_line_serves_smollm2_until_ctrl_c(model, tmp_path):
         assert got["data"][0]["id"] == "SmolLM2-135M-Instruct"
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == 0, err
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # no server outlives its test
+            out, err = proc.communicate()
+    assert proc.returncode == 0, f"after Ctrl-C the server ended with {proc.returncode} (-9: still running after " \
+        f"{TIMEOUT} s, killed):\n{err}"
