@@ -12,6 +12,7 @@ equal its logits alone to ~1e-12, so greedy and seeded tokens agree exactly. Two
   - stopping the server mid-stream ends the stream, and nothing hangs.
 """
 import json
+import queue
 import re
 import threading
 import time
@@ -286,19 +287,27 @@ def test_the_command_line_serves_smollm2_until_ctrl_c(model, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "kvlesson.serving.server", "--port", str(port), "--n-blocks", "16"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    said, errors = queue.Queue(), []  # a thread drains each pipe, so every read here can be bounded
+    readers = [threading.Thread(target=lambda: [*map(said.put, proc.stdout), said.put("")], daemon=True),
+               threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
-        lines = [proc.stdout.readline() for _ in range(1)]
+        lines = [said.get(timeout=TIMEOUT)]
         while "serving" not in lines[-1] and lines[-1] and len(lines) < 5:  # a first load says what it does first
-            lines.append(proc.stdout.readline())
+            lines.append(said.get(timeout=TIMEOUT))
         assert f"http://127.0.0.1:{port}/v1" in lines[-1], "".join(lines)
         got = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=TIMEOUT).json()
         assert got["data"][0]["id"] == "SmolLM2-135M-Instruct"
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=TIMEOUT)
+            proc.wait(timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()  # no server outlives its test
-            out, err = proc.communicate()
+            proc.wait()
+        for reader, pipe in zip(readers, (proc.stdout, proc.stderr), strict=True):
+            reader.join(TIMEOUT)
+            pipe.close()
     assert proc.returncode == 0, f"after Ctrl-C the server ended with {proc.returncode} (-9: still running after " \
-        f"{TIMEOUT} s, killed):\n{err}"
+        f"{TIMEOUT} s, killed):\n{''.join(errors)}"
